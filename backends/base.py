@@ -1,0 +1,109 @@
+"""The array-backend interface: the operations the three model families need.
+
+Model code never calls numpy (or cupy, or pyopencl) on activations directly: it
+calls these operations on the backend's opaque device arrays, so the same model
+runs on every backend. Host-side logic (tokenisation, decoding rules, small
+bookkeeping) uses numpy arrays obtained with :meth:`ArrayBackend.to_host`.
+
+Conventions: activations are float32 unless stated; 1-D sequence layouts are
+channels-first ``[batch, channels, time]`` for convolutions and
+``[..., time, features]`` for linear layers and attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+Array = Any
+"""An array living on the backend's device (numpy.ndarray, cupy.ndarray, pyopencl Array)."""
+
+
+class ArrayBackend(Protocol):
+    """Operations on device arrays. Implementations: numpy (reference), opencl, cuda."""
+
+    name: str
+    device: str
+
+    # ---- transfer -------------------------------------------------------
+    def to_device(self, host: np.ndarray, dtype: Any = np.float32) -> Array: ...
+    def to_host(self, x: Array) -> np.ndarray: ...
+    def zeros(self, shape: Sequence[int], dtype: Any = np.float32) -> Array: ...
+
+    # ---- shape ----------------------------------------------------------
+    def reshape(self, x: Array, shape: Sequence[int]) -> Array: ...
+    def transpose(self, x: Array, axes: Sequence[int]) -> Array: ...
+    def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
+    def slice(self, x: Array, axis: int, start: int, stop: int) -> Array: ...
+    def pad(self, x: Array, axis: int, before: int, after: int, mode: str = "constant") -> Array: ...
+
+    # ---- elementwise ----------------------------------------------------
+    def add(self, a: Array, b: Array) -> Array: ...
+    def sub(self, a: Array, b: Array) -> Array: ...
+    def mul(self, a: Array, b: Array) -> Array: ...
+    def div(self, a: Array, b: Array) -> Array: ...
+    def scale(self, x: Array, s: float) -> Array: ...
+    def exp(self, x: Array) -> Array: ...
+    def sqrt(self, x: Array) -> Array: ...
+    def tanh(self, x: Array) -> Array: ...
+    def sigmoid(self, x: Array) -> Array: ...
+    def relu(self, x: Array) -> Array: ...
+    def leaky_relu(self, x: Array, slope: float) -> Array: ...
+    def gelu(self, x: Array) -> Array: ...
+
+    # ---- reductions -----------------------------------------------------
+    def sum(self, x: Array, axis: int, keepdims: bool = False) -> Array: ...
+    def max(self, x: Array, axis: int, keepdims: bool = False) -> Array: ...
+    def softmax(self, x: Array, axis: int = -1) -> Array: ...
+    def log_softmax(self, x: Array, axis: int = -1) -> Array: ...
+
+    # ---- linear algebra and layers -----------------------------------------
+    def matmul(self, a: Array, b: Array) -> Array: ...
+    def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
+        """``x @ w.T + b`` with ``w`` of shape [out, in] (torch layout)."""
+        ...
+
+    def conv1d(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int = 1,
+        padding: int = 0,
+        dilation: int = 1,
+        groups: int = 1,
+    ) -> Array:
+        """``x`` [B, Cin, T], ``w`` [Cout, Cin/groups, K] (torch layout)."""
+        ...
+
+    def conv_transpose1d(
+        self,
+        x: Array,
+        w: Array,
+        b: Array | None = None,
+        stride: int = 1,
+        padding: int = 0,
+        output_padding: int = 0,
+        dilation: int = 1,
+        groups: int = 1,
+    ) -> Array:
+        """``x`` [B, Cin, T], ``w`` [Cin, Cout/groups, K] (torch layout)."""
+        ...
+
+    def layer_norm(self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5) -> Array:
+        """Normalise over the last axis."""
+        ...
+
+    def lstm_cell(
+        self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
+    ) -> tuple[Array, Array]:
+        """One LSTM step (torch gate order i, f, g, o); returns (h, c)."""
+        ...
+
+    def attention(
+        self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None
+    ) -> Array:
+        """softmax(q k^T * scale + mask) v over [..., T, D] tensors."""
+        ...
