@@ -1,0 +1,418 @@
+"""Per-model FIFO admission of requests and management (reference §3.1-3.8).
+
+One :class:`Admission` per registered model. Requests lease one slot each;
+management (load, unload, reconfigure, registration, bulk unload, eviction, idle
+retirement) leases the whole model exclusively. Both wait in one FIFO queue in
+enqueue order, which gives the rules:
+
+* fast path: with nothing exclusive, nothing queued and a free slot, a request is
+  granted at once;
+* no barging: when anything is queued, a new request joins the back, spare slots
+  or not;
+* a manager waits for every earlier admitted and queued request and blocks every
+  later one (a barrier);
+* grants are assigned here, before the caller wakes the waiter, so a later
+  arrival can never take an older waiter's slot;
+* the overdue rule: a request that cannot take the fast path is rejected at once
+  when every occupied slot has overrun its timeout (or an exclusive holder has),
+  whatever else is queued; a manager is rejected at once when any slot has;
+* timeout 0 waits forever and disables the overdue rule.
+
+Time is ``now`` in seconds, passed by the caller; timeouts are seconds (0 =
+unbounded). Beyond the original: an optional queue-length bound for requests,
+whose rejection carries a retry-after estimate, and cancellation of a queued
+waiter whose client went away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator
+
+import attrs
+
+from core.events import Reason, busy_message
+from core.lease import Lease, LeaseKind, LeaseLedger
+from core.policy import overrun
+from core.pool import MAX_PARALLEL_SESSIONS
+
+
+@attrs.define
+class Waiter:
+    """A queued request or manager, not yet granted."""
+
+    ticket: int
+    kind: LeaseKind
+    enqueued_at: float
+    deadline: float | None
+
+
+@attrs.frozen
+class Granted:
+    """The caller holds ``lease`` now. ``fast`` is True when no queueing happened."""
+
+    lease: Lease
+    fast: bool = False
+
+    @property
+    def ticket(self) -> int:
+        return self.lease.ticket
+
+
+@attrs.frozen
+class Queued:
+    """The caller waits; a later :class:`Wakeups` grants or expires it by ``deadline``."""
+
+    ticket: int
+    kind: LeaseKind
+    deadline: float | None
+    position: int
+
+
+@attrs.frozen
+class Rejected:
+    """Refused at once (HTTP 503): why, the client-facing message, and a retry hint in seconds."""
+
+    ticket: int
+    reason: Reason
+    message: str
+    retry_after: float | None = None
+
+
+@attrs.frozen
+class Expired:
+    """A queued waiter removed without a grant (its deadline passed)."""
+
+    ticket: int
+    kind: LeaseKind
+    reason: Reason
+    message: str
+
+
+@attrs.frozen
+class Wakeups:
+    """Who must be woken after a state change: new grants and expiries, in dispatch order."""
+
+    granted: tuple[Lease, ...] = ()
+    expired: tuple[Expired, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.granted or self.expired)
+
+    def merge(self, other: Wakeups) -> Wakeups:
+        """Both sets of wakeups, this one's first."""
+        return Wakeups(self.granted + other.granted, self.expired + other.expired)
+
+
+@attrs.frozen
+class Released:
+    """A release: the lease that ended (None if the ticket held none: a double release)."""
+
+    lease: Lease | None
+    wakeups: Wakeups
+    double: bool = False
+
+
+@attrs.frozen
+class Cancelled:
+    """A cancellation: ``was`` says whether the ticket was queued, granted, or unknown."""
+
+    ticket: int
+    was: str
+    wakeups: Wakeups
+
+
+@attrs.frozen
+class AdmissionState:
+    """The observable counters (``/v1/models`` maps active->active_slots, queued_requests)."""
+
+    slots: int
+    active: int
+    queued_requests: int
+    queued_management: int
+    exclusive: bool
+    generation: int
+
+
+Decision = Granted | Queued | Rejected
+
+
+class Admission:
+    """The FIFO scheduler of one model's slots and its exclusive management lease."""
+
+    def __init__(
+        self,
+        model: str,
+        slots: int = 1,
+        *,
+        max_queue: int | None = None,
+        generation: int = 0,
+        default_retry_after: float = 1.0,
+    ) -> None:
+        if not 1 <= slots <= MAX_PARALLEL_SESSIONS:
+            raise ValueError(f"slots must be between 1 and {MAX_PARALLEL_SESSIONS}")
+        if max_queue is not None and max_queue < 0:
+            raise ValueError("max_queue must be >= 0 or None")
+        self.model = model
+        self.count = slots
+        self.max_queue = max_queue
+        self.generation = generation
+        self.default_retry_after = default_retry_after
+        self.ledger = LeaseLedger()
+        self._holder: list[int | None] = [None] * MAX_PARALLEL_SESSIONS
+        self._since: list[float | None] = [None] * MAX_PARALLEL_SESSIONS
+        self._exclusive: int | None = None
+        self._exclusive_since: float | None = None
+        self._queue: deque[Waiter] = deque()
+        self._queued_requests = 0
+        self._queued_management = 0
+        self._hold_ewma: float | None = None
+        self._admitting = True
+
+    # ------------------------------------------------------------------ reads
+    def state(self) -> AdmissionState:
+        """The counters: configured slots, occupied request slots, queued waiters by kind."""
+        return AdmissionState(
+            slots=self.count,
+            active=sum(1 for s in self._since if s is not None),
+            queued_requests=self._queued_requests,
+            queued_management=self._queued_management,
+            exclusive=self._exclusive is not None,
+            generation=self.generation,
+        )
+
+    def waiters(self) -> Iterator[Waiter]:
+        """Queued waiters in FIFO order."""
+        return iter(tuple(self._queue))
+
+    def occupied(self) -> dict[int, tuple[int, float]]:
+        """Occupied slot -> (ticket, granted_at)."""
+        out: dict[int, tuple[int, float]] = {}
+        for i, (ticket, since) in enumerate(zip(self._holder, self._since, strict=True)):
+            if ticket is not None and since is not None:
+                out[i] = (ticket, since)
+        return out
+
+    @property
+    def exclusive_ticket(self) -> int | None:
+        """The ticket holding the exclusive lease, if any."""
+        return self._exclusive
+
+    def is_queued(self, ticket: int) -> bool:
+        """Whether ``ticket`` is still waiting in the queue."""
+        return any(w.ticket == ticket for w in self._queue)
+
+    def is_idle(self) -> bool:
+        """No slot occupied, nothing exclusive and nothing queued."""
+        return self._exclusive is None and not self._queue and not self.occupied()
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline among queued waiters (when the caller must call :meth:`expire`)."""
+        deadlines = [w.deadline for w in self._queue if w.deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    # --------------------------------------------------------------- requests
+    def request(self, ticket: int, now: float, timeout: float) -> Decision:
+        """Admit one inference request: grant a slot, queue it, or reject it at once.
+
+        Fast path first (no overrun checks); then the overdue rule; then the
+        optional queue bound; otherwise the request queues behind everything
+        already waiting, with a deadline ``now + timeout`` when ``timeout > 0``.
+        """
+        self._check_new_ticket(ticket)
+        if not self._admitting:
+            return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
+        if self._exclusive is None and not self._queue:
+            slot = self._free_slot()
+            if slot is not None:
+                return Granted(self._grant_slot(ticket, slot, now), fast=True)
+        if overrun(self._exclusive_since, now, timeout):
+            return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
+        occupied = [s for s in self._since[: self.count] if s is not None]
+        if (
+            occupied
+            and self._exclusive is None
+            and timeout > 0
+            and all(overrun(s, now, timeout) for s in occupied)
+        ):
+            return self._reject(ticket, Reason.SLOTS_OVERDUE)
+        if self.max_queue is not None and self._queued_requests >= self.max_queue:
+            return Rejected(
+                ticket,
+                Reason.QUEUE_FULL,
+                busy_message(self.model, Reason.QUEUE_FULL),
+                retry_after=self.retry_after_estimate(),
+            )
+        return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
+
+    def manage(self, ticket: int, now: float, timeout: float) -> Decision:
+        """Admit one management operation: exclusive use of the whole model.
+
+        Fails fast when the exclusive holder or *any* slot has overrun ``timeout``
+        (stricter than requests, as in the original); otherwise joins the queue and
+        is granted once every earlier waiter is served and no slot is occupied.
+        """
+        self._check_new_ticket(ticket)
+        if overrun(self._exclusive_since, now, timeout):
+            return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
+        if any(overrun(s, now, timeout) for s in self._since):
+            return self._reject(ticket, Reason.ACTIVE_SLOT_OVERDUE)
+        decision = self._enqueue(ticket, LeaseKind.MANAGEMENT, now, timeout)
+        return decision
+
+    def try_acquire(self, ticket: int, now: float) -> Granted | Rejected:
+        """Exclusive lease without waiting, only on an idle, queue-free model (eviction, retirement)."""
+        self._check_new_ticket(ticket)
+        if self.is_idle():
+            return Granted(self._grant_exclusive(ticket, now), fast=True)
+        return Rejected(ticket, Reason.BUSY, f"model '{self.model}': busy")
+
+    # ---------------------------------------------------------- state changes
+    def release(self, ticket: int, now: float) -> Released:
+        """End the lease of ``ticket`` (exactly once) and dispatch the queue.
+
+        A second release of the same ticket changes nothing and is reported as
+        ``double=True`` (recorded in the ledger for the invariant checker).
+        """
+        lease = self.ledger.release(ticket)
+        if lease is None:
+            return Released(None, Wakeups(), double=True)
+        if lease.kind is LeaseKind.MANAGEMENT:
+            self._exclusive = None
+            self._exclusive_since = None
+        else:
+            slot = lease.request_slot()
+            held = now - lease.granted_at
+            self._hold_ewma = held if self._hold_ewma is None else 0.8 * self._hold_ewma + 0.2 * held
+            self._holder[slot] = None
+            self._since[slot] = None
+        return Released(lease, self._dispatch(now))
+
+    def cancel(self, ticket: int, now: float) -> Cancelled:
+        """Withdraw ``ticket``: a queued waiter leaves the queue, a granted one is released.
+
+        Either way the queue is dispatched again, so work blocked only by a
+        withdrawn barrier proceeds at once.
+        """
+        for waiter in self._queue:
+            if waiter.ticket == ticket:
+                self._remove(waiter)
+                return Cancelled(ticket, "queued", self._dispatch(now))
+        if self.ledger.holds(ticket):
+            return Cancelled(ticket, "granted", self.release(ticket, now).wakeups)
+        return Cancelled(ticket, "unknown", Wakeups())
+
+    def expire(self, now: float) -> Wakeups:
+        """Remove every queued waiter whose deadline has come (``now >= deadline``), then dispatch."""
+        expired: list[Expired] = []
+        for waiter in tuple(self._queue):
+            if waiter.deadline is not None and now >= waiter.deadline:
+                self._remove(waiter)
+                expired.append(self._expired(waiter))
+        return Wakeups((), tuple(expired)).merge(self._dispatch(now))
+
+    def configure(self, slots: int, *, bump_generation: bool = True) -> int:
+        """Resize to ``slots`` and (by default) start a new configuration generation.
+
+        Allowed only while no request slot is occupied (before publication, or
+        under the exclusive management lease). Returns the new generation.
+        """
+        if not 1 <= slots <= MAX_PARALLEL_SESSIONS:
+            raise ValueError(f"slots must be between 1 and {MAX_PARALLEL_SESSIONS}")
+        if self.occupied():
+            raise RuntimeError("cannot resize occupied slots")
+        self.count = slots
+        if bump_generation:
+            self.generation += 1
+        return self.generation
+
+    def stop_admitting(self) -> None:
+        """Shutdown: refuse new requests; queued and admitted work still drains."""
+        self._admitting = False
+
+    def retry_after_estimate(self) -> float:
+        """Seconds a rejected client should wait: mean hold time times queue rounds ahead."""
+        if self._hold_ewma is None:
+            return self.default_retry_after
+        rounds = math.ceil((self._queued_requests + 1) / self.count)
+        return max(0.001, self._hold_ewma * rounds)
+
+    # --------------------------------------------------------------- internal
+    def _dispatch(self, now: float) -> Wakeups:
+        """Grant from the head of the queue while the head can be served (reference §3.6)."""
+        granted: list[Lease] = []
+        expired: list[Expired] = []
+        while self._queue:
+            head = self._queue[0]
+            if head.deadline is not None and now >= head.deadline:
+                self._remove(head)
+                expired.append(self._expired(head))
+                continue
+            if self._exclusive is not None:
+                break
+            if head.kind is LeaseKind.MANAGEMENT:
+                if self.occupied():
+                    break
+                self._remove(head)
+                granted.append(self._grant_exclusive(head.ticket, now))
+            else:
+                slot = self._free_slot()
+                if slot is None:
+                    break
+                self._remove(head)
+                granted.append(self._grant_slot(head.ticket, slot, now))
+        return Wakeups(tuple(granted), tuple(expired))
+
+    def _enqueue(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
+        deadline = now + timeout if timeout > 0 and math.isfinite(timeout) else None
+        waiter = Waiter(ticket, kind, now, deadline)
+        self._queue.append(waiter)
+        if kind is LeaseKind.REQUEST:
+            self._queued_requests += 1
+        else:
+            self._queued_management += 1
+        wakeups = self._dispatch(now)
+        for lease in wakeups.granted:
+            if lease.ticket == ticket:
+                return Granted(lease)
+        return Queued(ticket, kind, deadline, len(self._queue) - 1)
+
+    def _remove(self, waiter: Waiter) -> None:
+        self._queue.remove(waiter)
+        if waiter.kind is LeaseKind.REQUEST:
+            self._queued_requests -= 1
+        else:
+            self._queued_management -= 1
+
+    def _free_slot(self) -> int | None:
+        for i in range(self.count):
+            if self._holder[i] is None:
+                return i
+        return None
+
+    def _grant_slot(self, ticket: int, slot: int, now: float) -> Lease:
+        lease = Lease(self.model, ticket, LeaseKind.REQUEST, slot, self.generation, now)
+        self._holder[slot] = ticket
+        self._since[slot] = now
+        self.ledger.grant(lease)
+        return lease
+
+    def _grant_exclusive(self, ticket: int, now: float) -> Lease:
+        lease = Lease(self.model, ticket, LeaseKind.MANAGEMENT, None, self.generation, now)
+        self._exclusive = ticket
+        self._exclusive_since = now
+        self.ledger.grant(lease)
+        return lease
+
+    def _reject(self, ticket: int, reason: Reason) -> Rejected:
+        return Rejected(ticket, reason, busy_message(self.model, reason))
+
+    def _expired(self, waiter: Waiter) -> Expired:
+        return Expired(
+            waiter.ticket, waiter.kind, Reason.QUEUE_TIMEOUT, busy_message(self.model, Reason.QUEUE_TIMEOUT)
+        )
+
+    def _check_new_ticket(self, ticket: int) -> None:
+        if self.ledger.holds(ticket) or self.is_queued(ticket):
+            raise ValueError(f"ticket {ticket} is already known to model '{self.model}'")

@@ -1,0 +1,125 @@
+"""Residency limits: how many models (and how much memory) may be loaded at once.
+
+Residency is *logical*: a model counts from the moment its load starts until
+its teardown starts, so a retiring model stops counting before its memory is
+actually free, and an incoming load never evicts or rejects an unrelated keeper
+because of it. Eviction and idle retirement only try-acquire idle, queue-free
+victims in least-recently-used order and never wait; with no victim the load is
+refused (HTTP 503).
+
+Deliberate difference from the original: room is made all-or-nothing. If the
+idle victims available cannot make enough room, none is evicted (the original
+keeps the evictions it made before failing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from core.admission import Granted
+from core.events import Reason
+from core.lease import Lease
+from core.lifecycle import ModelState, StartLoad
+
+if TYPE_CHECKING:
+    from core.registry import ModelEntry, Registry
+
+
+@attrs.frozen
+class ResidencyLimits:
+    """``max_loaded_models`` (0 = no limit) and a memory budget in bytes (0 = none)."""
+
+    max_loaded_models: int = 0
+    memory_budget: int = 0
+
+
+@attrs.frozen
+class Eviction:
+    """A victim taken for eviction: tear it down under ``lease``, then release the lease."""
+
+    model: str
+    lease: Lease
+
+
+@attrs.frozen
+class RoomDecision:
+    """The outcome of making room for a load.
+
+    ``load`` is set when the caller must load (after evicting ``evictions``);
+    ``refused`` when there is no room; ``retry`` names a waiting holder that
+    becomes the next initializer after a refusal.
+    """
+
+    evictions: tuple[Eviction, ...] = ()
+    load: StartLoad | None = None
+    refused: tuple[Reason, str] | None = None
+    retry: StartLoad | None = None
+
+
+def make_room(registry: Registry, incoming: ModelEntry, now: float) -> RoomDecision:
+    """Take the idle LRU victims needed so that ``incoming`` fits the limits, or refuse."""
+    limits = registry.limits
+    others = [e for e in registry.entries() if e is not incoming and e.resident]
+    need_models = 0
+    if limits.max_loaded_models > 0:
+        need_models = max(0, len(others) - (limits.max_loaded_models - 1))
+    need_bytes = 0
+    if limits.memory_budget > 0:
+        need_bytes = max(0, sum(e.memory_bytes for e in others) + incoming.memory_bytes - limits.memory_budget)
+    if need_models == 0 and need_bytes == 0:
+        return RoomDecision()
+    candidates = sorted(
+        (e for e in others if e.lifecycle.state is ModelState.READY),
+        key=lambda e: (e.last_used, e.order),
+    )
+    taken: list[tuple[ModelEntry, Lease]] = []
+    freed_models = 0
+    freed_bytes = 0
+    for victim in candidates:
+        if freed_models >= need_models and freed_bytes >= need_bytes:
+            break
+        granted = victim.admission.try_acquire(registry.new_ticket(), now)
+        if isinstance(granted, Granted):
+            taken.append((victim, granted.lease))
+            freed_models += 1
+            freed_bytes += victim.memory_bytes
+    if freed_models < need_models or freed_bytes < need_bytes:
+        for victim, lease in taken:
+            victim.admission.release(lease.ticket, now)
+        if need_bytes and freed_bytes < need_bytes and freed_models >= need_models:
+            return RoomDecision(
+                refused=(
+                    Reason.MEMORY_BUDGET,
+                    f"cannot load model '{incoming.id}': memory budget of {limits.memory_budget} bytes "
+                    "is used by busy models; retry later",
+                )
+            )
+        return RoomDecision(
+            refused=(
+                Reason.RESIDENCY_LIMIT,
+                f"cannot load model '{incoming.id}': max_loaded_models={limits.max_loaded_models} "
+                "and every loaded model is busy; retry later",
+            )
+        )
+    evictions = []
+    for victim, lease in taken:
+        victim.lifecycle.begin_unload()
+        evictions.append(Eviction(victim.id, lease))
+    return RoomDecision(evictions=tuple(evictions))
+
+
+def retire_idle(registry: Registry, now: float, idle_seconds: float) -> tuple[Eviction, ...]:
+    """Idle retirement: take every ready model unused for ``idle_seconds`` that is idle now."""
+    if idle_seconds <= 0:
+        return ()
+    out = []
+    for entry in registry.entries():
+        if entry.lifecycle.state is not ModelState.READY or now - entry.last_used < idle_seconds:
+            continue
+        granted = entry.admission.try_acquire(registry.new_ticket(), now)
+        if isinstance(granted, Granted):
+            entry.lifecycle.begin_unload()
+            out.append(Eviction(entry.id, granted.lease))
+    return tuple(out)

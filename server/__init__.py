@@ -1,0 +1,1 @@
+"""The async runtime that drives core, the HTTP app, configuration and the CLI."""
