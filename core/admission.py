@@ -136,6 +136,7 @@ class AdmissionState:
 
 
 Decision = Granted | Queued | Rejected
+NO_WAKEUPS = Wakeups()
 
 
 class Admission:
@@ -165,6 +166,8 @@ class Admission:
         self._exclusive: int | None = None
         self._exclusive_since: float | None = None
         self._queue: deque[Waiter] = deque()
+        self._waiting: dict[int, Waiter] = {}
+        self._active = 0
         self._queued_requests = 0
         self._queued_management = 0
         self._hold_ewma: float | None = None
@@ -175,7 +178,7 @@ class Admission:
         """The counters: configured slots, occupied request slots, queued waiters by kind."""
         return AdmissionState(
             slots=self.count,
-            active=sum(1 for s in self._since if s is not None),
+            active=self._active,
             queued_requests=self._queued_requests,
             queued_management=self._queued_management,
             exclusive=self._exclusive is not None,
@@ -201,11 +204,11 @@ class Admission:
 
     def is_queued(self, ticket: int) -> bool:
         """Whether ``ticket`` is still waiting in the queue."""
-        return any(w.ticket == ticket for w in self._queue)
+        return ticket in self._waiting
 
     def is_idle(self) -> bool:
         """No slot occupied, nothing exclusive and nothing queued."""
-        return self._exclusive is None and not self._queue and not self.occupied()
+        return self._exclusive is None and not self._queue and self._active == 0
 
     def next_deadline(self) -> float | None:
         """The earliest deadline among queued waiters (when the caller must call :meth:`expire`)."""
@@ -287,7 +290,8 @@ class Admission:
             self._hold_ewma = held if self._hold_ewma is None else 0.8 * self._hold_ewma + 0.2 * held
             self._holder[slot] = None
             self._since[slot] = None
-        return Released(lease, self._dispatch(now))
+            self._active -= 1
+        return Released(lease, self._dispatch(now) if self._queue else NO_WAKEUPS)
 
     def cancel(self, ticket: int, now: float) -> Cancelled:
         """Withdraw ``ticket``: a queued waiter leaves the queue, a granted one is released.
@@ -295,10 +299,10 @@ class Admission:
         Either way the queue is dispatched again, so work blocked only by a
         withdrawn barrier proceeds at once.
         """
-        for waiter in self._queue:
-            if waiter.ticket == ticket:
-                self._remove(waiter)
-                return Cancelled(ticket, "queued", self._dispatch(now))
+        waiter = self._waiting.get(ticket)
+        if waiter is not None:
+            self._remove(waiter)
+            return Cancelled(ticket, "queued", self._dispatch(now))
         if self.ledger.holds(ticket):
             return Cancelled(ticket, "granted", self.release(ticket, now).wakeups)
         return Cancelled(ticket, "unknown", Wakeups())
@@ -320,7 +324,7 @@ class Admission:
         """
         if not 1 <= slots <= MAX_PARALLEL_SESSIONS:
             raise ValueError(f"slots must be between 1 and {MAX_PARALLEL_SESSIONS}")
-        if self.occupied():
+        if self._active:
             raise RuntimeError("cannot resize occupied slots")
         self.count = slots
         if bump_generation:
@@ -352,7 +356,7 @@ class Admission:
             if self._exclusive is not None:
                 break
             if head.kind is LeaseKind.MANAGEMENT:
-                if self.occupied():
+                if self._active:
                     break
                 self._remove(head)
                 granted.append(self._grant_exclusive(head.ticket, now))
@@ -362,12 +366,15 @@ class Admission:
                     break
                 self._remove(head)
                 granted.append(self._grant_slot(head.ticket, slot, now))
+        if not granted and not expired:
+            return NO_WAKEUPS
         return Wakeups(tuple(granted), tuple(expired))
 
     def _enqueue(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
         deadline = now + timeout if timeout > 0 and math.isfinite(timeout) else None
         waiter = Waiter(ticket, kind, now, deadline)
         self._queue.append(waiter)
+        self._waiting[ticket] = waiter
         if kind is LeaseKind.REQUEST:
             self._queued_requests += 1
         else:
@@ -379,7 +386,11 @@ class Admission:
         return Queued(ticket, kind, deadline, len(self._queue) - 1)
 
     def _remove(self, waiter: Waiter) -> None:
-        self._queue.remove(waiter)
+        if self._queue[0] is waiter:
+            self._queue.popleft()
+        else:
+            self._queue.remove(waiter)
+        del self._waiting[waiter.ticket]
         if waiter.kind is LeaseKind.REQUEST:
             self._queued_requests -= 1
         else:
@@ -395,6 +406,7 @@ class Admission:
         lease = Lease(self.model, ticket, LeaseKind.REQUEST, slot, self.generation, now)
         self._holder[slot] = ticket
         self._since[slot] = now
+        self._active += 1
         self.ledger.grant(lease)
         return lease
 

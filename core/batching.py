@@ -1,0 +1,443 @@
+"""Continuous-batching membership for autoregressive decode (FireRedTTS3 style, seed 004).
+
+:class:`BatchScheduler` owns a fixed number of batch slots and decides, sans-IO,
+who joins the batch, who advances each decode step, whose tail is emitted and when
+a slot may be reused. The driver (one decode task that does all device work) loops::
+
+    plan = scheduler.poll(now)       # Idle | WaitUntil | StepPlan
+    prefill plan.join; run one batched step over plan.advance;
+    report chunk_ready / member_finished / member_failed as they happen;
+    for f in plan.finish: emit one tail if f.emit_tail; tail_done(f.handle)
+
+Request owners :meth:`~BatchScheduler.launch`, :meth:`~BatchScheduler.read` (or
+:meth:`~BatchScheduler.drain`) their chunks, and :meth:`~BatchScheduler.release`
+the slot once they have seen the end. The fixes of reference §6.5 are built in:
+
+* a finished slot returns to the free list only when its owner releases it, never
+  when decoding ends, so a new launch cannot reset a slot still being drained;
+* a handle is (slot, epoch); the epoch is carried across the slot reset and bumped
+  on launch and release, so a stale handle reads :class:`StaleHandle`, never
+  another request's chunks;
+* a stopped member is listed in exactly one plan's ``finish`` with one decision
+  about its tail (emit, or not when aborted), never twice.
+
+Two join policies: ``join_between_steps=True`` (continuous batching, the default):
+pending members join the running batch at the next step boundary;
+``False`` (FireRed's round rule): a new round starts only when no member is
+active, so newcomers wait for the running round to drain. Either way a
+*collection window* lets simultaneous arrivals start together when nothing runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+import attrs
+
+from core.events import Reason
+
+C = TypeVar("C")
+
+
+class SlotState(enum.Enum):
+    """A slot's life: FREE -> PENDING -> ACTIVE -> STOPPED -> FINISHING -> FINISHED -> FREE."""
+
+    FREE = "free"
+    PENDING = "pending"  # launched, waiting to join the batch
+    ACTIVE = "active"  # joined: advances once per step
+    STOPPED = "stopped"  # decode ended (stop, max steps, abort); tail not yet decided
+    FINISHING = "finishing"  # listed in a plan's finish: tail being emitted
+    FINISHED = "finished"  # done; waits for its owner to drain and release
+
+
+class Outcome(enum.Enum):
+    """How a launched request ended."""
+
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+@attrs.frozen(order=True)
+class SlotHandle:
+    """The owner's ticket to one slot, valid only while the slot's epoch matches."""
+
+    slot: int
+    epoch: int
+
+
+@attrs.frozen
+class Launched:
+    """The request got a slot; it is pending until a plan lists it in ``join``."""
+
+    handle: SlotHandle
+    request_id: Hashable
+    reason: Reason = Reason.GRANTED
+
+
+@attrs.frozen
+class Rejected:
+    """Every slot is taken (running, or finished and not yet released by its owner)."""
+
+    request_id: Hashable
+    reason: Reason = Reason.BATCH_FULL
+    message: str = "batch slot pool exhausted"
+
+
+@attrs.frozen
+class Idle:
+    """Nothing to do until the next launch."""
+
+
+@attrs.frozen
+class WaitUntil:
+    """Collection window: nothing runs and the pending list is not full; poll again at ``deadline``."""
+
+    deadline: float
+    reason: Reason = Reason.COLLECTION_WINDOW
+
+
+@attrs.frozen
+class Finish:
+    """Finish one stopped member now: emit its tail once if ``emit_tail``, then call tail_done."""
+
+    handle: SlotHandle
+    emit_tail: bool
+    reason: Reason
+
+
+@attrs.frozen
+class StepPlan:
+    """One step boundary: prefill ``join``, advance ``advance`` once, finish ``finish``.
+
+    ``advance`` includes the members that join now. ``waiting`` counts pending
+    members left out, with ``reason`` saying why (round running, collection window).
+    """
+
+    join: tuple[SlotHandle, ...]
+    advance: tuple[SlotHandle, ...]
+    finish: tuple[Finish, ...]
+    waiting: int = 0
+    reason: Reason = Reason.GRANTED
+
+
+@attrs.frozen
+class Ack:
+    """The event was applied; the slot is now in ``state``."""
+
+    handle: SlotHandle
+    state: SlotState
+    reason: Reason
+
+
+@attrs.frozen
+class Ignored:
+    """The event did not apply to the slot's state (e.g. release too early); nothing changed."""
+
+    handle: SlotHandle
+    state: SlotState
+    reason: Reason
+    message: str
+
+
+@attrs.frozen
+class StaleHandle:
+    """The handle's epoch is gone (slot released or reused): nothing was read or changed."""
+
+    handle: SlotHandle
+    reason: Reason = Reason.STALE_HANDLE
+
+
+@attrs.frozen
+class Released:
+    """The slot is free again; ``discarded`` chunks were never read."""
+
+    handle: SlotHandle
+    outcome: Outcome
+    discarded: int
+    reason: Reason = Reason.GRANTED
+
+
+@attrs.frozen
+class Chunk(Generic[C]):
+    """The oldest unread chunk of the handle's request."""
+
+    handle: SlotHandle
+    data: C
+
+
+@attrs.frozen
+class NotReady:
+    """No chunk yet and the request is still running: wait for the next chunk_ready."""
+
+    handle: SlotHandle
+
+
+@attrs.frozen
+class EndOfStream:
+    """Every chunk was read and the request ended; the owner should release now."""
+
+    handle: SlotHandle
+    outcome: Outcome
+    reason: Reason
+
+
+@attrs.frozen
+class Failed:
+    """The request failed; reads keep saying so until the owner releases."""
+
+    handle: SlotHandle
+    message: str
+    reason: Reason = Reason.MEMBER_FAILED
+
+
+@attrs.frozen
+class Drained(Generic[C]):
+    """Every queued chunk, and whether the stream has ended (``error`` when it failed)."""
+
+    handle: SlotHandle
+    chunks: tuple[C, ...]
+    ended: bool
+    error: str | None = None
+
+
+@attrs.define
+class _Slot(Generic[C]):
+    epoch: int = 0
+    state: SlotState = SlotState.FREE
+    request_id: Hashable = None
+    arrived: float = 0.0
+    steps: int = 0
+    chunks: collections.deque[C] = attrs.field(factory=collections.deque)
+    stop_reason: Reason = Reason.MEMBER_STOPPED
+    outcome: Outcome | None = None
+    error: str | None = None
+
+
+_LIVE = (SlotState.ACTIVE, SlotState.STOPPED, SlotState.FINISHING)
+
+
+class BatchScheduler(Generic[C]):
+    """Sans-IO slot membership of one batched decoder (see module doc)."""
+
+    def __init__(
+        self,
+        max_batch: int,
+        *,
+        window: float = 0.008,
+        join_between_steps: bool = True,
+        max_steps: int | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.max_batch = max_batch
+        self.window = window
+        self.join_between_steps = join_between_steps
+        self.max_steps = max_steps
+        self._slots: list[_Slot[C]] = [_Slot() for _ in range(max_batch)]
+        self._free: collections.deque[int] = collections.deque(range(max_batch))
+        self._pending: collections.deque[int] = collections.deque()
+
+    # ------------------------------------------------------------- owner side
+
+    def launch(self, request_id: Hashable, now: float) -> Launched | Rejected:
+        """Take the oldest free slot (FIFO reuse) for ``request_id``, or reject: batch full."""
+        if not self._free:
+            return Rejected(request_id)
+        index = self._free.popleft()
+        epoch = self._slots[index].epoch + 1  # carried across the reset below
+        self._slots[index] = _Slot(epoch, SlotState.PENDING, request_id, now)
+        self._pending.append(index)
+        return Launched(SlotHandle(index, epoch), request_id)
+
+    def read(self, handle: SlotHandle) -> Chunk[C] | NotReady | EndOfStream | Failed | StaleHandle:
+        """The next chunk of the owner's own request; a stale handle reads nothing."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.error is not None:
+            return Failed(handle, slot.error)
+        if slot.chunks:
+            return Chunk(handle, slot.chunks.popleft())
+        if slot.state is SlotState.FINISHED:
+            assert slot.outcome is not None
+            return EndOfStream(handle, slot.outcome, slot.stop_reason)
+        return NotReady(handle)
+
+    def drain(self, handle: SlotHandle) -> Drained[C] | StaleHandle:
+        """Take every queued chunk at once, saying whether the stream has ended."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        chunks = tuple(slot.chunks)
+        slot.chunks.clear()
+        return Drained(handle, chunks, slot.state is SlotState.FINISHED, slot.error)
+
+    def release(self, handle: SlotHandle) -> Released | Ignored | StaleHandle:
+        """Return a finished slot to the back of the free list and bump its epoch.
+
+        Stale handles are a no-op (release is idempotent); an unfinished slot is
+        Ignored (too early: abort first). Unread chunks are discarded.
+        """
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state is not SlotState.FINISHED:
+            return Ignored(
+                handle, slot.state, Reason.SLOT_NOT_FINISHED, "release before the slot finished"
+            )
+        assert slot.outcome is not None
+        released = Released(handle, slot.outcome, len(slot.chunks))
+        self._slots[handle.slot] = _Slot(slot.epoch + 1)
+        self._free.append(handle.slot)
+        return released
+
+    def abort(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
+        """Cancel a request: pending -> finished at once; active -> stopped, finished with no tail."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state is SlotState.PENDING:
+            self._pending.remove(handle.slot)
+            slot.stop_reason = Reason.CANCELLED
+            self._end(slot, Outcome.ABORTED)
+            return Ack(handle, slot.state, Reason.CANCELLED)
+        if slot.state is SlotState.ACTIVE:
+            slot.state, slot.stop_reason = SlotState.STOPPED, Reason.CANCELLED
+            return Ack(handle, slot.state, Reason.CANCELLED)
+        return Ignored(handle, slot.state, Reason.INVALID_STATE, "request already stopped")
+
+    # ------------------------------------------------------------ driver side
+
+    def poll(self, now: float) -> Idle | WaitUntil | StepPlan:
+        """Decide the next step boundary. A StepPlan is a command: carry it out before polling again.
+
+        Order: stopped members are finished (each exactly once); pending members
+        join if the policy allows (continuous: always; round rule: only when no
+        member is active) and the collection window has closed or the pending list
+        is full; then every active member, joiners included, advances once.
+        """
+        finish: list[Finish] = []
+        for index, slot in enumerate(self._slots):
+            if slot.state is SlotState.ACTIVE and self._at_max_steps(slot):
+                slot.state, slot.stop_reason = SlotState.STOPPED, Reason.MAX_STEPS
+            if slot.state is SlotState.STOPPED:
+                slot.state = SlotState.FINISHING
+                emit = slot.stop_reason is not Reason.CANCELLED
+                finish.append(Finish(SlotHandle(index, slot.epoch), emit, slot.stop_reason))
+        running = any(slot.state is SlotState.ACTIVE for slot in self._slots)
+        join: list[SlotHandle] = []
+        held = Reason.GRANTED
+        if self._pending and running and not self.join_between_steps:
+            held = Reason.ROUND_RUNNING
+        elif self._pending and not running and self._window_open(now):
+            held = Reason.COLLECTION_WINDOW
+            if not finish:
+                return WaitUntil(self._slots[self._pending[0]].arrived + self.window)
+        elif self._pending:
+            while self._pending:
+                index = self._pending.popleft()
+                self._slots[index].state = SlotState.ACTIVE
+                join.append(SlotHandle(index, self._slots[index].epoch))
+        advance: list[SlotHandle] = []
+        for index, slot in enumerate(self._slots):
+            if slot.state is SlotState.ACTIVE:
+                slot.steps += 1
+                advance.append(SlotHandle(index, slot.epoch))
+        if not (join or advance or finish):
+            return Idle()
+        return StepPlan(tuple(join), tuple(advance), tuple(finish), len(self._pending), held)
+
+    def chunk_ready(self, handle: SlotHandle, data: C) -> Ack | Ignored | StaleHandle:
+        """Queue a decoded chunk (or the tail) for the owner; only while the member is live."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state not in _LIVE:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        slot.chunks.append(data)
+        return Ack(handle, slot.state, Reason.GRANTED)
+
+    def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
+        """The member hit its stop condition: it leaves the batch; its tail comes in the next plan."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state is not SlotState.ACTIVE:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not active")
+        slot.state, slot.stop_reason = SlotState.STOPPED, Reason.MEMBER_STOPPED
+        return Ack(handle, slot.state, Reason.MEMBER_STOPPED)
+
+    def tail_done(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
+        """The finish decision was carried out: the request is finished, awaiting its owner."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state is not SlotState.FINISHING:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "no finish was planned")
+        cancelled = slot.stop_reason is Reason.CANCELLED
+        self._end(slot, Outcome.ABORTED if cancelled else Outcome.COMPLETED)
+        return Ack(handle, slot.state, slot.stop_reason)
+
+    def member_failed(self, handle: SlotHandle, message: str) -> Ack | Ignored | StaleHandle:
+        """Prefill, a step or the tail failed: the member is finished with ``message``, no tail."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state not in _LIVE:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        slot.error = message
+        self._end(slot, Outcome.FAILED)
+        return Ack(handle, slot.state, Reason.MEMBER_FAILED)
+
+    # ---------------------------------------------------------------- queries
+
+    def state(self, slot: int) -> SlotState:
+        """The state of slot index ``slot``."""
+        return self._slots[slot].state
+
+    def handle_of(self, slot: int) -> SlotHandle | None:
+        """The live handle of slot ``slot``, or None when it is free."""
+        record = self._slots[slot]
+        return None if record.state is SlotState.FREE else SlotHandle(slot, record.epoch)
+
+    def request_of(self, handle: SlotHandle) -> Hashable | None:
+        """The request a valid handle belongs to."""
+        slot = self._slot(handle)
+        return None if slot is None else slot.request_id
+
+    def steps(self, handle: SlotHandle) -> int:
+        """How many steps the member has been planned to advance (0 for stale handles)."""
+        slot = self._slot(handle)
+        return 0 if slot is None else slot.steps
+
+    def free_slots(self) -> tuple[int, ...]:
+        """Free slot indexes in reuse (FIFO) order."""
+        return tuple(self._free)
+
+    def pending(self) -> tuple[SlotHandle, ...]:
+        """Launched members not yet joined, in arrival order."""
+        return tuple(SlotHandle(i, self._slots[i].epoch) for i in self._pending)
+
+    # --------------------------------------------------------------- helpers
+
+    def _slot(self, handle: SlotHandle) -> _Slot[C] | None:
+        if not 0 <= handle.slot < self.max_batch:
+            return None
+        slot = self._slots[handle.slot]
+        if slot.state is SlotState.FREE or slot.epoch != handle.epoch:
+            return None
+        return slot
+
+    def _end(self, slot: _Slot[C], outcome: Outcome) -> None:
+        slot.state, slot.outcome = SlotState.FINISHED, outcome
+
+    def _at_max_steps(self, slot: _Slot[C]) -> bool:
+        return self.max_steps is not None and slot.steps >= self.max_steps
+
+    def _window_open(self, now: float) -> bool:
+        full = len(self._pending) >= self.max_batch
+        return not full and now < self._slots[self._pending[0]].arrived + self.window
