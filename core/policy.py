@@ -13,12 +13,12 @@ from typing import Final
 import attrs
 
 from core.events import Reason
-from core.pool import MAX_PARALLEL_SESSIONS
+from core.pool import MAX_PARALLEL_SESSIONS, SLOTS_RANGE_MESSAGE, capacity_message
 
 MISSING: Final = object()
 """Stands for a key absent from a JSON object (distinct from JSON null, which is None)."""
 
-SLOTS_MESSAGE: Final = f"model slots must be an integer between 1 and {MAX_PARALLEL_SESSIONS}"
+SLOTS_MESSAGE: Final = SLOTS_RANGE_MESSAGE
 SLOTS_REQUIRE_PARALLEL_MESSAGE: Final = "slots requires --parallel-jobs at server startup"
 
 
@@ -109,14 +109,6 @@ def validate_slots(value: object, capacity: int | None = None) -> Valid | Invali
     if capacity is not None and value > capacity:
         return Invalid(Reason.CAPACITY_EXCEEDED, capacity_message("", capacity))
     return Valid(value)
-
-
-def capacity_message(family: str, capacity: int) -> str:
-    """The message for a slot count above a model's advertised capacity."""
-    return (
-        f"model '{family}' does not support the requested slots "
-        f"for this backend/task/mode (capacity={capacity})"
-    )
 
 
 def validate_slots_for_runtime(runtime: RuntimeKind, value: object) -> Valid | Invalid:

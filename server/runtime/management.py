@@ -1,0 +1,255 @@
+"""Management through core's barriers: load, unload, reconfigure, register, bulk
+unload, idle retirement and shutdown.
+
+Every operation takes the model's exclusive management lease first, so it waits
+for every earlier request (streams and deferred batches included) and blocks
+every later one. Bulk unload publishes all its barriers in one synchronous step
+and frees ready idle models before waiting on busy ones. Eviction and idle
+retirement never wait: core try-acquires idle victims only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+import attrs
+
+from core.bulk import BulkDone, UnloadNow, WaitForGrant
+from core.events import Reason
+from core.lease import Lease
+from core.lifecycle import Proceed, Teardown, WaitLoad
+from core.policy import Invalid, validate_slots
+from core.pool import capacity_message
+from core.registry import ModelStatus, Registered
+from server.runtime.errors import InvalidRequestError, LoadError, NotFoundError
+from server.runtime.ports import ModelSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from core.admission import Decision, Wakeups
+    from core.recorder import Core
+    from core.residency import Eviction, RoomDecision
+    from server.runtime.ports import Clock, ModelProvider
+    from server.runtime.runtime import LivePool, RuntimeConfig
+    from server.runtime.waits import WaitTable
+
+
+@attrs.frozen
+class BulkResult:
+    """What a bulk unload did: every selected registered id once, and the unknown ids."""
+
+    unloaded: tuple[str, ...]
+    not_found: tuple[str, ...]
+
+
+class Management:
+    """The management half of :class:`~server.runtime.runtime.Runtime`."""
+
+    if TYPE_CHECKING:  # provided by Runtime
+        core: Core
+        clock: Clock
+        config: RuntimeConfig
+        provider: ModelProvider
+        specs: dict[str, ModelSpec]
+        pools: dict[str, LivePool]
+        waits: WaitTable
+        closing: bool
+        _background: int
+        _changed: anyio.Event
+
+        def spec(self, model: str) -> ModelSpec: ...
+        def ceiling_seconds(self, model: str) -> float: ...
+        async def admit(self, model: str, ticket: int, decision: Decision) -> Lease: ...
+        def release(self, model: str, ticket: int) -> None: ...
+        def apply(self, wakeups: Wakeups) -> None: ...
+        async def load_with_room(self, model: str, decision: RoomDecision) -> None: ...
+        async def teardown(self, model: str) -> None: ...
+        def evict(self, evictions: Sequence[Eviction]) -> None: ...
+
+    @asynccontextmanager
+    async def manage(self, model: str, timeout_s: float | None = None) -> AsyncIterator[Lease]:
+        """Hold ``model``'s exclusive management lease for the body (FIFO barrier)."""
+        self.spec(model)
+        timeout = self.ceiling_seconds(model) if timeout_s is None else timeout_s
+        now = self.clock.now()
+        ticket = self.core.new_ticket(now)
+        lease = await self.admit(model, ticket, self.core.manage(model, ticket, now, timeout))
+        try:
+            yield lease
+        finally:
+            self.release(model, lease.ticket)
+
+    async def load_model(self, model: str) -> None:
+        """Load ``model`` now (eager start-up, or ``/v1/models/load`` of an unchanged id)."""
+        async with self.manage(model) as lease:
+            await self.load_as_manager(model, lease)
+
+    async def load_as_manager(self, model: str, lease: Lease) -> None:
+        """Under the exclusive lease: make sure the pool is loaded (making room first)."""
+        decision = self.core.ensure_loaded(model, lease.ticket, self.clock.now())
+        if isinstance(decision, Proceed):
+            return
+        if isinstance(decision, WaitLoad):  # pragma: no cover - impossible under exclusivity
+            raise AssertionError("a manager waited for another initializer")
+        await self.load_with_room(model, decision)
+
+    async def unload(self, model: str) -> None:
+        """Unload ``model`` (idempotent): waits for older work, then tears the pool down."""
+        async with self.manage(model):
+            await self.unload_under_lease(model)
+
+    async def unload_under_lease(self, model: str) -> None:
+        decision = self.core.begin_unload(model, self.clock.now())
+        if isinstance(decision, Teardown):
+            await self.teardown(model)
+            self.core.unload_finished(model, self.clock.now())
+
+    async def register(self, spec: ModelSpec) -> bool:
+        """Register a new id and load it, or reconfigure an existing one. True if reconfigured.
+
+        A new entry is published with its exclusive lease already held, so a
+        concurrent registration of the same id queues behind this one. A failed
+        load leaves the entry registered and unloaded, for a later retry.
+        """
+        check = validate_slots(spec.slots)
+        if isinstance(check, Invalid):
+            raise InvalidRequestError(check.reason, check.message)
+        now = self.clock.now()
+        registered = self.core.register(spec.id, spec.slots, spec.memory_bytes, now)
+        if isinstance(registered, Registered):
+            self.specs[spec.id] = spec
+            try:
+                await self.load_as_manager(spec.id, registered.lease)
+            finally:
+                self.release(spec.id, registered.lease.ticket)
+            return False
+        return await self.reconfigure(spec)
+
+    async def reconfigure(self, spec: ModelSpec) -> bool:
+        """Replace ``spec.id``'s configuration; True if anything changed.
+
+        Validation and the capacity probe happen before teardown: a failure there
+        keeps the old working pool. After commit the old pool is torn down and the
+        new one loaded; a failure then leaves the new configuration unloaded.
+        """
+        async with self.manage(spec.id) as lease:
+            old = self.specs[spec.id]
+            if spec == old:
+                await self.load_as_manager(spec.id, lease)
+                return False
+            self.core.begin_reconfigure(spec.id, self.clock.now())
+            try:
+                capacity = await self.probe_capacity(old, spec)
+                if spec.slots > capacity:
+                    raise InvalidRequestError(Reason.CAPACITY_EXCEEDED, capacity_message(spec.family, capacity))
+            except BaseException as exc:
+                reason = getattr(exc, "reason", Reason.LOAD_FAILED)
+                self.core.reject_reconfigure(spec.id, self.clock.now(), reason)
+                raise
+            decision = self.core.commit_reconfigure(spec.id, spec.slots, self.clock.now())
+            self.specs[spec.id] = spec
+            if isinstance(decision, Teardown):
+                await self.teardown(spec.id)
+                self.core.unload_finished(spec.id, self.clock.now())
+            await self.load_as_manager(spec.id, lease)
+            return True
+
+    async def probe_capacity(self, old: ModelSpec, new: ModelSpec) -> int:
+        """The capacity the new configuration would advertise, without touching the live pool."""
+        if new.slots == 1:
+            return 1
+        live = self.pools.get(old.id)
+        if live is not None and old.session_key() == new.session_key():
+            return live.pool.capacity
+        capacity = 1
+        with anyio.CancelScope(shield=True):
+            try:
+                factory = await self.provider.load(new)
+            except Exception as exc:
+                raise LoadError(Reason.LOAD_FAILED, f"cannot load model '{new.id}': {exc}") from exc
+            try:
+                primary = await self.provider.create(factory)
+                try:
+                    capacity = min(factory.capacity(), 16)
+                finally:
+                    await self.provider.close(primary)
+            finally:
+                await self.provider.release(new, factory)
+        return capacity
+
+    async def bulk_unload(self, ids: Iterable[str] | None = None) -> BulkResult:
+        """Unload the selected models (None: every registered one), ready idle ones first."""
+        bulk = self.core.bulk_publish(ids, self.clock.now())
+        progress = anyio.Event()
+        for model in bulk.waiting:
+            wait = self.waits.park(model, bulk.tickets[model])
+            wait.watchers.append(progress)
+        try:
+            while True:
+                action = bulk.next_action()
+                if isinstance(action, BulkDone):
+                    return BulkResult(action.unloaded, action.not_found)
+                if isinstance(action, UnloadNow):
+                    try:
+                        await self.unload_under_lease(action.model)
+                    finally:
+                        self.release(action.model, action.ticket)
+                    bulk.finished(action.model)
+                elif isinstance(action, WaitForGrant):
+                    await progress.wait()
+                    progress = anyio.Event()
+                    for model in action.models:
+                        wait = self.waits.admission[bulk.tickets[model]]
+                        wait.watchers[:] = [progress]
+                        if wait.lease is not None:
+                            self.waits.admission.pop(bulk.tickets[model])
+                            bulk.granted(model)
+        finally:
+            for model in list(bulk.waiting):
+                ticket = bulk.tickets[model]
+                parked = self.waits.admission.pop(ticket, None)
+                if parked is not None and parked.lease is not None:
+                    self.release(model, ticket)
+                else:
+                    self.apply(self.core.cancel(model, ticket, self.clock.now()).wakeups)
+
+    async def _idle_loop(self) -> None:
+        """Retire models idle longer than ``idle_unload_ms`` (polling like the original)."""
+        idle_s = self.config.idle_unload_ms / 1000.0
+        period = max(1.0, idle_s / 10.0)
+        while True:
+            await self.clock.sleep_until(self.clock.now() + period)
+            self.evict(self.core.retire_idle(self.clock.now(), idle_s))
+
+    def status(self) -> list[ModelStatus]:
+        """Every model's row, in registration order (no waiting, not an atomic snapshot)."""
+        return [self.core.registry.status(e) for e in self.core.registry.entries()]
+
+    def status_of(self, model: str) -> ModelStatus:
+        entry = self.core.registry.get(model)
+        if entry is None:
+            raise NotFoundError(Reason.NOT_FOUND, f"unknown model id: {model}")
+        return self.core.registry.status(entry)
+
+    def is_quiet(self) -> bool:
+        """No lease held or queued anywhere and no background work in flight."""
+        return self._background == 0 and all(e.admission.is_idle() for e in self.core.registry.entries())
+
+    async def wait_quiet(self) -> None:
+        """Wait until :meth:`is_quiet`."""
+        while not self.is_quiet():
+            await self._changed.wait()
+
+    async def shutdown(self) -> None:
+        """Stop admitting, drain admitted and queued work, then destroy every pool."""
+        self.closing = True
+        now = self.clock.now()
+        for entry in self.core.registry.entries():
+            self.core.stop_admitting(entry.id, now)
+        await self.wait_quiet()
+        await self.bulk_unload(None)
+

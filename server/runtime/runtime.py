@@ -1,0 +1,437 @@
+"""The runtime: request leases, first loads, session work and pool lifetimes.
+
+Every decision is a call to :class:`core.recorder.Core` (so it is traced and
+replayable); this module only waits, wakes and does the work decided. Rules it
+keeps that core cannot see:
+
+* a request lease lives exactly as long as the work: released on success,
+  error, cancellation or disconnect (``acquire`` is a context manager);
+* session work is shielded from cancellation: a call that started finishes
+  before its session can be reused or closed; cancellation takes effect between
+  calls (between stream chunks);
+* a queued waiter whose client goes away leaves the queue at once;
+* loads and teardowns are shielded too: an initializer whose client leaves
+  still publishes the pool others wait for.
+
+Management (unload, reconfigure, register, bulk unload, eviction, idle
+retirement, shutdown) is in :mod:`server.runtime.management`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+
+from core.admission import Granted, Queued, Rejected, Wakeups
+from core.events import Reason, TraceRecord
+from core.lease import Lease
+from core.lifecycle import Proceed, StartLoad, WaitLoad
+from core.policy import model_ceiling, ms_to_seconds, resolve_busy_timeout
+from core.pool import (
+    CreateClone,
+    CreatePrimary,
+    PoolBuilder,
+    Publish,
+    Session,
+    SessionFactory,
+    SessionPool,
+)
+from core.recorder import Core
+from core.registry import Registered
+from core.residency import Eviction, ResidencyLimits, RoomDecision
+from server.runtime.errors import BusyError, LoadError, NotFoundError
+from server.runtime.management import Management
+from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
+from server.runtime.waits import WaitTable
+
+
+@attrs.frozen
+class RuntimeConfig:
+    """Process-wide settings (milliseconds as in the config file)."""
+
+    busy_timeout_ms: int = 300_000
+    max_loaded_models: int = 0
+    memory_budget: int = 0
+    max_queue: int | None = None
+    idle_unload_ms: int = 0
+
+
+@attrs.frozen
+class Held:
+    """What a request holds while it runs: its lease and the session of its slot."""
+
+    model: str
+    lease: Lease
+    session: Session
+    spec: ModelSpec
+
+    @property
+    def slot(self) -> int:
+        return self.lease.request_slot()
+
+
+@attrs.define
+class LivePool:
+    """A published pool with the weights it was built on and its generation."""
+
+    pool: SessionPool
+    factory: SessionFactory
+    spec: ModelSpec
+    generation: int
+
+
+class InvariantBroken(AssertionError):
+    """The runtime caught itself breaking a rule (a bug; the simulator reports it)."""
+
+
+class Runtime(Management):
+    """Drives core for every registered model. Use as ``async with Runtime(...) as rt``."""
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        config: RuntimeConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        trace: Callable[[TraceRecord], None] | None = None,
+    ) -> None:
+        self.provider = provider
+        self.config = config or RuntimeConfig()
+        self.clock: Clock = clock or SystemClock()
+        limits = ResidencyLimits(self.config.max_loaded_models, self.config.memory_budget)
+        self.core = Core(limits, max_queue=self.config.max_queue, sink=trace)
+        self.specs: dict[str, ModelSpec] = {}
+        self.pools: dict[str, LivePool] = {}
+        self.waits = WaitTable()
+        self.in_use: dict[tuple[str, int], int] = {}
+        self.violations: list[str] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._changed = anyio.Event()
+        self._background = 0
+        self.closing = False
+        if trace is not None:
+            trace(
+                TraceRecord(
+                    0,
+                    self.clock.now(),
+                    "",
+                    "config",
+                    {
+                        "max_loaded_models": self.config.max_loaded_models,
+                        "memory_budget": self.config.memory_budget,
+                        "max_queue": self.config.max_queue,
+                    },
+                )
+            )
+
+    # ------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> Runtime:
+        self._tg_cm = anyio.create_task_group()
+        self._tg = await self._tg_cm.__aenter__()
+        if self.config.idle_unload_ms > 0:
+            self._tg.start_soon(self._idle_loop)
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        try:
+            if not self.closing:
+                with anyio.CancelScope(shield=True):
+                    await self.shutdown()
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+        finally:
+            result = await self._tg_cm.__aexit__(*exc)  # type: ignore[arg-type]
+            self._tg = None
+        return result
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run background work (teardowns of evicted models) owned by the runtime."""
+        if self._tg is None:
+            raise RuntimeError("the runtime is not running (use 'async with')")
+        self._background += 1
+
+        async def wrapper() -> None:
+            try:
+                with anyio.CancelScope(shield=True):
+                    await fn(*args)
+            finally:
+                self._background -= 1
+                self.notify_changed()
+
+        self._tg.start_soon(wrapper)
+
+    def notify_changed(self) -> None:
+        """Wake anyone waiting for the runtime to drain."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # --------------------------------------------------------------- models
+    def add_model(self, spec: ModelSpec) -> None:
+        """Register ``spec`` at startup (lazily; :meth:`load` loads it eagerly)."""
+        now = self.clock.now()
+        registered = self.core.register(spec.id, spec.slots, spec.memory_bytes, now)
+        if not isinstance(registered, Registered):
+            raise ValueError(f"duplicate server model id '{spec.id}'")
+        self.specs[spec.id] = spec
+        self.release(spec.id, registered.lease.ticket)
+
+    def spec(self, model: str) -> ModelSpec:
+        spec = self.specs.get(model)
+        if spec is None:
+            raise NotFoundError(Reason.NOT_FOUND, f"unknown model id: {model}")
+        return spec
+
+    def ceiling_seconds(self, model: str) -> float:
+        spec = self.spec(model)
+        return ms_to_seconds(model_ceiling(self.config.busy_timeout_ms, spec.busy_timeout_ms))
+
+    def request_timeout(self, model: str, override_ms: int | None) -> float:
+        """The effective busy timeout of a request, in seconds (0 = unbounded)."""
+        spec = self.spec(model)
+        ceiling = model_ceiling(self.config.busy_timeout_ms, spec.busy_timeout_ms)
+        return ms_to_seconds(resolve_busy_timeout(ceiling, override_ms))
+
+    # ------------------------------------------------------------ admission
+    def apply(self, wakeups: Wakeups) -> None:
+        """Wake the waiters core granted or expired."""
+        self.waits.deliver(wakeups)
+        if wakeups:
+            self.notify_changed()
+
+    def release(self, model: str, ticket: int) -> None:
+        """Release one lease (exactly once) and wake whoever core grants next."""
+        released = self.core.release(model, ticket, self.clock.now())
+        if released.double:
+            self.violations.append(f"double release of ticket {ticket} on '{model}'")
+        self.apply(released.wakeups)
+        self.notify_changed()
+
+    async def admit(self, model: str, ticket: int, decision: Granted | Queued | Rejected) -> Lease:
+        """Turn an admission decision into a held lease: now, after waiting, or a BusyError."""
+        if isinstance(decision, Granted):
+            return decision.lease
+        if isinstance(decision, Rejected):
+            raise BusyError(decision.reason, decision.message, decision.retry_after)
+        wait = self.waits.park(model, ticket)
+        try:
+            while wait.lease is None and wait.expired is None:
+                deadline = math.inf if decision.deadline is None else decision.deadline
+                with anyio.CancelScope() as scope:
+                    wait.scope = scope
+                    if wait.lease is None and wait.expired is None:
+                        await self.clock.sleep_until(deadline)
+                wait.scope = None
+                if wait.lease is None and wait.expired is None:
+                    self.apply(self.core.expire(model, self.clock.now()))
+        except BaseException:
+            # the client went away while queued (or right as it was granted)
+            if wait.lease is not None:
+                self.release(model, ticket)
+            elif wait.expired is None:
+                self.apply(self.core.cancel(model, ticket, self.clock.now()).wakeups)
+                self.notify_changed()
+            raise
+        finally:
+            self.waits.admission.pop(ticket, None)
+        if wait.expired is not None:
+            raise BusyError(wait.expired.reason, wait.expired.message)
+        assert wait.lease is not None
+        return wait.lease
+
+    @asynccontextmanager
+    async def acquire(self, model: str, timeout_ms: int | None = None) -> AsyncIterator[Held]:
+        """Hold one request lease on ``model``'s pool (loaded first if needed) for the body.
+
+        The lease is released when the body ends, however it ends.
+        """
+        timeout = self.request_timeout(model, timeout_ms)
+        now = self.clock.now()
+        ticket = self.core.new_ticket(now)
+        lease = await self.admit(model, ticket, self.core.request(model, ticket, now, timeout))
+        try:
+            session = await self.ensure_loaded(model, lease)
+            key = (model, lease.request_slot())
+            if key in self.in_use:
+                raise InvariantBroken(f"slot {key} leased to ticket {ticket} while ticket {self.in_use[key]} uses it")
+            self.in_use[key] = ticket
+            try:
+                yield Held(model, lease, session, self.pools[model].spec)
+            finally:
+                del self.in_use[key]
+        finally:
+            self.release(model, ticket)
+
+    # -------------------------------------------------------------- loading
+    async def ensure_loaded(self, model: str, lease: Lease) -> Session:
+        """The session of ``lease``'s slot, after the first load if this holder must do it."""
+        ticket = lease.ticket
+        decision: Proceed | WaitLoad | RoomDecision = self.core.ensure_loaded(model, ticket, self.clock.now())
+        while True:
+            if isinstance(decision, Proceed):
+                return self.session_for(model, lease)
+            if isinstance(decision, WaitLoad):
+                wait = self.waits.park_load(ticket)
+                try:
+                    await wait.event.wait()
+                except BaseException:
+                    self.waits.loads.pop(ticket, None)
+                    self.core.abandon_wait(model, ticket, self.clock.now())
+                    raise
+                if wait.proceed:
+                    return self.session_for(model, lease)
+                assert wait.retry is not None
+                decision = self.core.begin_load(model, wait.retry, self.clock.now())
+                continue
+            await self.load_with_room(model, decision)
+            return self.session_for(model, lease)
+
+    async def load_with_room(self, model: str, decision: RoomDecision) -> None:
+        """Act on a cold-load decision: evict in the background, then load or refuse."""
+        self.evict(decision.evictions)
+        if decision.refused is not None:
+            if decision.retry is not None:
+                self.waits.load_retry(decision.retry)
+            raise BusyError(decision.refused[0], decision.refused[1])
+        assert decision.load is not None
+        await self.load(model, decision.load)
+
+    def evict(self, evictions: Sequence[Eviction]) -> None:
+        """Tear evicted victims down in the background; the load that needed room goes on."""
+        for ev in evictions:
+            self.spawn(self._finish_eviction, ev)
+
+    async def _finish_eviction(self, ev: Eviction) -> None:
+        await self.teardown(ev.model)
+        self.core.unload_finished(ev.model, self.clock.now())
+        self.release(ev.model, ev.lease.ticket)
+
+    def session_for(self, model: str, lease: Lease) -> Session:
+        live = self.pools.get(model)
+        if live is None:
+            raise InvariantBroken(f"'{model}' is ready but has no pool")
+        if live.generation != lease.generation:
+            raise InvariantBroken(
+                f"ticket {lease.ticket} bound generation {lease.generation} but the pool is {live.generation}"
+            )
+        return live.pool.at(lease.request_slot())
+
+    async def load(self, model: str, start: StartLoad) -> None:
+        """Build and publish ``model``'s pool as its one initializer (shielded)."""
+        spec = self.specs[model]
+        try:
+            with anyio.CancelScope(shield=True):
+                live = await self.build_pool(spec, start.generation)
+        except BaseException:
+            outcome = self.core.load_failed(model, start.ticket, self.clock.now())
+            if outcome.retry is not None:
+                self.waits.load_retry(outcome.retry)
+            raise
+        self.pools[model] = live
+        outcome = self.core.load_succeeded(model, start.ticket, live.pool.capacity, self.clock.now())
+        self.waits.load_proceed(outcome.proceed)
+
+    async def build_pool(self, spec: ModelSpec, generation: int) -> LivePool:
+        """Load weights, then the primary and its clones; nothing is published on failure."""
+        try:
+            factory = await self.provider.load(spec)
+        except Exception as exc:
+            raise LoadError(Reason.LOAD_FAILED, f"cannot load model '{spec.id}': {exc}") from exc
+        try:
+            builder = PoolBuilder.for_factory(factory, spec.slots)
+            action = builder.next_action()
+            while True:
+                if isinstance(action, Publish):
+                    return LivePool(action.pool, factory, spec, generation)
+                if isinstance(action, CreatePrimary):
+                    try:
+                        session = await self.provider.create(factory)
+                    except Exception as exc:
+                        action = builder.primary_failed(exc)
+                    else:
+                        action = builder.primary_created(session)
+                elif isinstance(action, CreateClone):
+                    primary = builder.primary
+                    assert primary is not None
+                    try:
+                        session = await self.provider.clone(factory, primary)
+                    except Exception as exc:
+                        action = builder.clone_failed(exc)
+                    else:
+                        action = builder.clone_created(session)
+                else:
+                    for session in action.sessions:
+                        await self.provider.close(session)
+                    raise LoadError(action.reason, action.message)
+        except BaseException:
+            await self.provider.release(spec, factory)
+            raise
+
+    async def teardown(self, model: str) -> None:
+        """Destroy ``model``'s pool: clones, then the primary, then the weights (shielded)."""
+        live = self.pools.pop(model, None)
+        if live is None:
+            return
+        busy = [slot for (m, slot) in self.in_use if m == model]
+        if busy:
+            self.violations.append(f"'{model}' torn down while slots {busy} are in use")
+        with anyio.CancelScope(shield=True):
+            for session in live.pool.teardown_order():
+                await self.provider.close(session)
+            await self.provider.release(live.spec, live.factory)
+
+    # --------------------------------------------------------- session work
+    async def run(self, model: str, request: Any, timeout_ms: int | None = None) -> Any:
+        """Run one request to completion on a leased session."""
+        async with self.acquire(model, timeout_ms) as held:
+            with anyio.CancelScope(shield=True):
+                result = await self.provider.run(held.session, request)
+        return result
+
+    async def batch(self, model: str, requests: Sequence[Any], timeout_ms: int | None = None) -> list[Any]:
+        """Run a native batch on one leased session."""
+        async with self.acquire(model, timeout_ms) as held:
+            with anyio.CancelScope(shield=True):
+                results = await self.provider.batch(held.session, requests)
+        return results
+
+    @asynccontextmanager
+    async def open_stream(
+        self, model: str, request: Any, timeout_ms: int | None = None
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """Hold a lease for a whole stream: enter before the response starts, iterate, exit.
+
+        Each chunk is produced shielded; cancellation (a client gone, a stream
+        cancelled) takes effect between chunks. Leaving the block, with or
+        without consuming every chunk, resets the session and releases the lease.
+        """
+        async with self.acquire(model, timeout_ms) as held:
+            chunks = self.provider.stream(held.session, request)
+
+            async def pull() -> AsyncIterator[Any]:
+                while True:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            return
+                    yield chunk
+
+            try:
+                yield pull()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    aclose = getattr(chunks, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                    await self.provider.reset(held.session)
+
+    async def stream(self, model: str, request: Any, timeout_ms: int | None = None) -> list[Any]:
+        """Collect every chunk of one streamed request (``/v1/tasks/stream``)."""
+        async with self.open_stream(model, request, timeout_ms) as chunks:
+            return [chunk async for chunk in chunks]

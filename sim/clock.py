@@ -1,0 +1,98 @@
+"""Virtual time that the simulator owns, tie-breaks included.
+
+Every timed wait in a simulation (fake session work, scenario arrivals, the
+runtime's admission deadlines) goes through :meth:`SimClock.sleep_until`. The
+driver (:meth:`SimClock.drive`) waits until every task is blocked, then wakes
+exactly one sleeper: the earliest; among sleepers due at the same instant, the
+one the seeded RNG picks. So which of several simultaneous completions,
+timeouts and arrivals goes first is the simulator's choice, reproducible from
+the seed, and different seeds explore different legal orders.
+
+trio's own scheduler is made deterministic too (see :func:`seed_trio`): it only
+orders tasks made runnable by the same wake-up, and with a seeded shuffle that
+order is a function of the seed as well.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import attrs
+import trio
+import trio.testing
+
+
+def seed_trio(seed: int) -> None:
+    """Make trio's run-queue order a function of ``seed`` (its Hypothesis hook, by hand)."""
+    from trio._core import _run
+
+    _run._ALLOW_DETERMINISTIC_SCHEDULING = True  # type: ignore[misc]
+    _run._r.seed(seed)
+
+
+@attrs.define(eq=False)
+class _Sleeper:
+    deadline: float
+    seq: int
+    event: trio.Event = attrs.field(factory=trio.Event)
+    fired: bool = False
+
+
+class SimClock:
+    """The virtual clock and the one place where simultaneous events are ordered."""
+
+    def __init__(self, rng: random.Random, mock: trio.testing.MockClock | None = None) -> None:
+        self.rng = rng
+        self.mock = mock
+        self._now = 0.0
+        self._sleepers: list[_Sleeper] = []
+        self._seq = itertools.count()
+        self.wakeups = 0
+        self.ties = 0
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Block until the driver wakes this sleeper at ``deadline`` (never, if infinite)."""
+        if math.isinf(deadline):
+            await trio.sleep_forever()
+        sleeper = _Sleeper(max(deadline, self._now), next(self._seq))
+        self._sleepers.append(sleeper)
+        try:
+            await sleeper.event.wait()
+        finally:
+            if not sleeper.fired:
+                self._sleepers.remove(sleeper)
+
+    async def sleep(self, seconds: float) -> None:
+        await self.sleep_until(self._now + seconds)
+
+    def pending(self) -> int:
+        """How many sleepers wait for the driver."""
+        return len(self._sleepers)
+
+    async def drive(self, limit: float = math.inf) -> None:
+        """Wake sleepers one at a time until none is left (or virtual time passes ``limit``)."""
+        while True:
+            await trio.testing.wait_all_tasks_blocked()
+            if not self._sleepers:
+                return
+            first = min(s.deadline for s in self._sleepers)
+            if first > limit:
+                return
+            due = sorted((s for s in self._sleepers if s.deadline == first), key=lambda s: s.seq)
+            if len(due) > 1:
+                self.ties += 1
+                chosen = due[self.rng.randrange(len(due))]
+            else:
+                chosen = due[0]
+            if self.mock is not None and first > self._now:
+                self.mock.jump(first - self._now)
+            self._now = first
+            self._sleepers.remove(chosen)
+            chosen.fired = True
+            self.wakeups += 1
+            chosen.event.set()

@@ -1,0 +1,241 @@
+"""Fake sessions whose work takes scripted virtual time and fails on cue.
+
+:class:`FakeProvider` implements the runtime's ModelProvider for any number of
+fake models. Each model's :class:`FakeScript` says how long loading, session
+creation, cloning, running and teardown take, its advertised capacity, and
+which failures to inject (load failure, null primary, clone k failure, run
+exception, slow or hung teardown). The provider also keeps the books the
+simulator's invariants need: live sessions and weights per model, and any
+weight destroyed while a session built on it was still alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from core.pool import Interface, Session, SessionFactory
+from server.runtime.ports import Clock, ModelSpec
+
+
+@attrs.define
+class FakeScript:
+    """Durations (virtual seconds) and faults of one fake model."""
+
+    capacity: int = 4
+    load_time: float = 0.5
+    create_time: float = 0.1
+    clone_time: float = 0.05
+    close_time: float = 0.01
+    release_time: float = 0.0
+    run_time: float = 1.0
+    chunk_time: float = 0.2
+    chunks: int = 3
+    fail_loads: int = 0
+    null_primary: int = 0
+    fail_clone_at: int | None = None
+    interfaces: tuple[str, ...] = ("offline", "streaming", "batch")
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> FakeScript:
+        fields = {f.name for f in attrs.fields(cls)}
+        unknown = set(raw) - fields
+        if unknown:
+            raise ValueError(f"unknown model script keys: {sorted(unknown)}")
+        data = dict(raw)
+        if "interfaces" in data:
+            data["interfaces"] = tuple(data["interfaces"])
+        return cls(**data)
+
+
+@attrs.define(eq=False)
+class FakeWeights:
+    model: str
+    revision: str
+    alive: bool = True
+
+
+@attrs.define(eq=False)
+class FakeSession:
+    """A fake session: identity, the weights it shares and its private stream state."""
+
+    sid: int
+    family: str
+    task: str
+    mode: str
+    interfaces: frozenset[Interface]
+    weights: FakeWeights
+    runs: int = 0
+    closed: bool = False
+
+    def run(self, request: Any) -> Any:
+        return {"revision": self.weights.revision, "session": self.sid}
+
+    def stream(self, request: Any) -> Iterator[Any]:
+        yield self.run(request)
+
+    def batch(self, requests: Sequence[Any]) -> list[Any]:
+        return [self.run(r) for r in requests]
+
+    def reset(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@attrs.define(eq=False)
+class FakeFactory:
+    """The loaded fake model: shared weights and the recipe for sessions."""
+
+    spec: ModelSpec
+    script: FakeScript
+    weights: FakeWeights
+
+    @property
+    def family(self) -> str:
+        return self.spec.family
+
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    @property
+    def mode(self) -> str:
+        return self.spec.mode
+
+    def capacity(self) -> int:
+        cap = self.spec.session_options.get("capacity", self.script.capacity)
+        return int(cap)
+
+    def create(self) -> Session:  # pragma: no cover - the provider creates with timing
+        raise NotImplementedError("use FakeProvider.create")
+
+    def clone(self, primary: Session) -> Session:  # pragma: no cover
+        raise NotImplementedError("use FakeProvider.clone")
+
+
+class FakeRunError(RuntimeError):
+    """A run failure injected by a request (``fail = true``)."""
+
+
+class FakeProvider:
+    """ModelProvider over fake models, in virtual time."""
+
+    def __init__(self, clock: Clock, scripts: Mapping[str, FakeScript]) -> None:
+        self.clock = clock
+        self.scripts = dict(scripts)
+        self._sid = itertools.count(1)
+        self.live_sessions: dict[str, int] = {}
+        self.live_weights: dict[str, int] = {}
+        self.loads: dict[str, int] = {}
+        self.clone_attempts: dict[str, int] = {}
+        self.premature: list[str] = []
+        self.events: list[tuple[float, str, str]] = []
+
+    async def _sleep(self, seconds: float) -> None:
+        await self.clock.sleep_until(self.clock.now() + seconds)
+
+    def script(self, model: str) -> FakeScript:
+        return self.scripts.setdefault(model, FakeScript())
+
+    def _log(self, model: str, what: str) -> None:
+        self.events.append((self.clock.now(), model, what))
+
+    async def load(self, spec: ModelSpec) -> SessionFactory:
+        script = self.script(spec.id)
+        self.loads[spec.id] = self.loads.get(spec.id, 0) + 1
+        self._log(spec.id, "load_start")
+        await self._sleep(script.load_time)
+        if script.fail_loads > 0:
+            script.fail_loads -= 1
+            self._log(spec.id, "load_failed")
+            raise RuntimeError(f"injected load failure for '{spec.id}'")
+        self.live_weights[spec.id] = self.live_weights.get(spec.id, 0) + 1
+        self._log(spec.id, "load_done")
+        return FakeFactory(spec, script, FakeWeights(spec.id, spec.path or spec.id))  # type: ignore[return-value]
+
+    async def release(self, spec: ModelSpec, factory: SessionFactory) -> None:
+        assert isinstance(factory, FakeFactory)
+        await self._sleep(factory.script.release_time)
+        if self.live_sessions.get(spec.id, 0) > 0:
+            self.premature.append(f"weights of '{spec.id}' freed with live sessions")
+        factory.weights.alive = False
+        self.live_weights[spec.id] -= 1
+        self._log(spec.id, "weights_freed")
+
+    def _session(self, factory: FakeFactory) -> FakeSession:
+        interfaces = frozenset(Interface(i) for i in factory.script.interfaces)
+        model = factory.spec.id
+        self.live_sessions[model] = self.live_sessions.get(model, 0) + 1
+        return FakeSession(next(self._sid), factory.family, factory.task, factory.mode, interfaces, factory.weights)
+
+    async def create(self, factory: SessionFactory) -> Session:
+        assert isinstance(factory, FakeFactory)
+        await self._sleep(factory.script.create_time)
+        self.clone_attempts[factory.spec.id] = 0
+        if factory.script.null_primary > 0:
+            factory.script.null_primary -= 1
+            return None  # type: ignore[return-value]
+        return self._session(factory)  # type: ignore[return-value]
+
+    async def clone(self, factory: SessionFactory, primary: Session) -> Session:
+        assert isinstance(factory, FakeFactory)
+        await self._sleep(factory.script.clone_time)
+        model = factory.spec.id
+        self.clone_attempts[model] = self.clone_attempts.get(model, 0) + 1
+        if factory.script.fail_clone_at is not None and self.clone_attempts[model] == factory.script.fail_clone_at:
+            factory.script.fail_clone_at = None
+            raise RuntimeError(f"injected clone failure for '{model}'")
+        return self._session(factory)  # type: ignore[return-value]
+
+    async def close(self, session: Session) -> None:
+        assert isinstance(session, FakeSession)
+        script = self.script(session.weights.model)
+        close_time = script.close_time
+        await self._sleep(close_time if math.isfinite(close_time) else 1e12)
+        if not session.weights.alive:
+            self.premature.append(f"session {session.sid} closed after its weights")
+        session.closed = True
+        self.live_sessions[session.weights.model] -= 1
+
+    def _check(self, session: Session) -> FakeSession:
+        assert isinstance(session, FakeSession)
+        if session.closed or not session.weights.alive:
+            self.premature.append(f"session {session.sid} used after destruction")
+        return session
+
+    async def run(self, session: Session, request: Any) -> Any:
+        s = self._check(session)
+        req = dict(request or {})
+        script = self.script(s.weights.model)
+        await self._sleep(float(req.get("duration", script.run_time)))
+        s.runs += 1
+        if req.get("fail"):
+            raise FakeRunError("injected run failure")
+        return {"revision": s.weights.revision, "session": s.sid}
+
+    async def stream(self, session: Session, request: Any) -> AsyncIterator[Any]:
+        s = self._check(session)
+        req = dict(request or {})
+        script = self.script(s.weights.model)
+        n = int(req.get("chunks", script.chunks))
+        for i in range(n):
+            await self._sleep(float(req.get("chunk_time", script.chunk_time)))
+            yield {"revision": s.weights.revision, "session": s.sid, "chunk": i}
+        s.runs += 1
+
+    async def batch(self, session: Session, requests: Sequence[Any]) -> list[Any]:
+        s = self._check(session)
+        script = self.script(s.weights.model)
+        total = sum(float(dict(r or {}).get("duration", script.run_time)) for r in requests)
+        await self._sleep(total)
+        s.runs += len(requests)
+        return [{"revision": s.weights.revision, "session": s.sid, "index": i} for i in range(len(requests))]
+
+    async def reset(self, session: Session) -> None:
+        return None

@@ -1,0 +1,189 @@
+"""The runtime under the simulator's virtual clock: basic flows end to end."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from core.invariants import check_quiescent, check_registry
+from server.runtime import BusyError, ModelSpec, Runtime, RuntimeConfig
+from sim.clock import SimClock, seed_trio
+from sim.fakes import FakeProvider, FakeScript
+
+
+def simulate(
+    body: Callable[[Runtime, SimClock, FakeProvider], Awaitable[Any]],
+    *,
+    scripts: dict[str, FakeScript] | None = None,
+    specs: list[ModelSpec] | None = None,
+    config: RuntimeConfig | None = None,
+    seed: int = 0,
+) -> tuple[Any, Runtime, FakeProvider]:
+    seed_trio(seed)
+    mock = trio.testing.MockClock(autojump_threshold=0)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        clock = SimClock(random.Random(seed), mock)
+        provider = FakeProvider(clock, scripts or {})
+        runtime = Runtime(provider, config or RuntimeConfig(busy_timeout_ms=0), clock=clock)
+        for spec in specs or [ModelSpec("m", "fake", slots=2)]:
+            runtime.add_model(spec)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(clock.drive)
+            async with runtime:
+                out["result"] = await body(runtime, clock, provider)
+        out["runtime"] = runtime
+        out["provider"] = provider
+
+    trio.run(main, clock=mock)
+    return out["result"], out["runtime"], out["provider"]
+
+
+def test_concurrent_requests_get_distinct_sessions_and_one_load() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> list[Any]:
+        results: list[Any] = []
+
+        async def one() -> None:
+            results.append(await rt.run("m", {"duration": 1.0}))
+
+        async with trio.open_nursery() as n:
+            for _ in range(2):
+                n.start_soon(one)
+        return results
+
+    results, rt, fp = simulate(body)
+    assert len({r["session"] for r in results}) == 2
+    assert fp.loads["m"] == 1
+    assert not check_quiescent(rt.core.registry)
+    assert not rt.violations and not fp.premature
+    assert fp.live_sessions["m"] == 0 and fp.live_weights["m"] == 0, "shutdown destroyed the pool"
+
+
+def test_unload_waits_for_older_and_blocks_newer() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> list[str]:
+        order: list[str] = []
+
+        async def request(tag: str, at: float) -> None:
+            await clock.sleep_until(at)
+            await rt.run("m", {"duration": 1.0})
+            order.append(tag)
+
+        async def unload(at: float) -> None:
+            await clock.sleep_until(at)
+            await rt.unload("m")
+            order.append("unload")
+
+        async with trio.open_nursery() as n:
+            n.start_soon(request, "old", 0.0)
+            n.start_soon(unload, 0.1)
+            n.start_soon(request, "new", 0.2)
+        return order
+
+    order, rt, fp = simulate(body, specs=[ModelSpec("m", "fake", slots=2)])
+    assert order == ["old", "unload", "new"]
+    assert fp.loads["m"] == 2, "the newer request reloads after the unload"
+
+
+def test_overdue_rejection_while_unload_waits() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> str:
+        async def hold() -> None:
+            await rt.run("m", {"duration": 5.0})
+
+        async with trio.open_nursery() as n:
+            n.start_soon(hold)
+            await clock.sleep_until(1.0)
+            n.start_soon(rt.unload, "m")
+            await clock.sleep_until(2.0)
+            try:
+                await rt.run("m", {"duration": 0.1}, timeout_ms=15)
+            except BusyError as exc:
+                return exc.message
+        return "admitted"
+
+    msg, rt, fp = simulate(body, specs=[ModelSpec("m", "fake", slots=1)])
+    assert msg == "model 'm': all active slots exceeded busy_timeout_ms"
+
+
+def test_load_failure_is_retried_by_next_request() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> list[str]:
+        outcomes: list[str] = []
+        for _ in range(2):
+            try:
+                await rt.run("m", {})
+                outcomes.append("ok")
+            except Exception as exc:
+                outcomes.append(type(exc).__name__)
+        return outcomes
+
+    outcomes, rt, fp = simulate(body, scripts={"m": FakeScript(fail_loads=1)})
+    assert outcomes == ["LoadError", "ok"]
+    assert fp.loads["m"] == 2
+
+
+def test_clone_failure_destroys_clones_before_primary() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> str:
+        try:
+            await rt.run("m", {})
+        except Exception as exc:
+            return type(exc).__name__
+        return "ok"
+
+    outcome, rt, fp = simulate(
+        body, scripts={"m": FakeScript(fail_clone_at=2)}, specs=[ModelSpec("m", "fake", slots=4)]
+    )
+    assert outcome == "LoadError"
+    assert fp.live_sessions["m"] == 0 and fp.live_weights["m"] == 0 and not fp.premature
+
+
+def test_disconnect_while_queued_frees_the_place() -> None:
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> tuple[int, int]:
+        async with trio.open_nursery() as n:
+            n.start_soon(rt.run, "m", {"duration": 3.0})
+            await clock.sleep_until(0.5)
+            with trio.CancelScope() as scope:
+                n.start_soon(clock.sleep_until, 1.0)
+
+                async def leave() -> None:
+                    await clock.sleep_until(1.0)
+                    scope.cancel()
+
+                n.start_soon(leave)
+                await rt.run("m", {"duration": 1.0})
+            status = rt.status_of("m")
+            return status.queued_requests, status.active_slots
+
+    (queued, active), rt, fp = simulate(body, specs=[ModelSpec("m", "fake", slots=1)])
+    assert (queued, active) == (0, 1)
+    assert not check_registry(rt.core.registry, 100.0)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_runtime_runs_under_anyio_backends(backend: str) -> None:
+    import anyio
+
+    from server.runtime import SystemClock
+
+    async def main() -> list[Any]:
+        clock = SystemClock()
+        instant = FakeScript(load_time=0, create_time=0, clone_time=0, close_time=0, run_time=0)
+        rt = Runtime(FakeProvider(clock, {"m": instant}), RuntimeConfig(busy_timeout_ms=1000), clock=clock)
+        rt.add_model(ModelSpec("m", "fake", slots=2))
+        results: list[Any] = []
+
+        async def one() -> None:
+            results.append(await rt.run("m", {"duration": 0.01}))
+
+        async with rt, anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(one)
+        return results
+
+    results = anyio.run(main, backend=backend)
+    assert len(results) == 4
+    assert len({r["session"] for r in results}) == 2
