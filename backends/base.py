@@ -38,6 +38,12 @@ class ArrayBackend(Protocol):
     def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
     def slice(self, x: Array, axis: int, start: int, stop: int) -> Array: ...
     def pad(self, x: Array, axis: int, before: int, after: int, mode: str = "constant") -> Array: ...
+    def take(self, x: Array, indices: np.ndarray, axis: int) -> Array:
+        """Gather along ``axis`` by host int indices (embedding rows, flips, length regulation)."""
+        ...
+    def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
+        """Copy ``src`` into ``dst`` in place at ``start`` along ``axis`` (preallocated KV caches)."""
+        ...
 
     # ---- elementwise ----------------------------------------------------
     def add(self, a: Array, b: Array) -> Array: ...
@@ -100,6 +106,15 @@ class ArrayBackend(Protocol):
         self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
     ) -> tuple[Array, Array]:
         """One LSTM step (torch gate order i, f, g, o); returns (h, c)."""
+        ...
+
+    def lstm_sequence(
+        self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
+    ) -> tuple[Array, Array, Array]:
+        """LSTM over ``x`` [T, B, In] from (h, c) [B, H]; returns (hs [T, B, H], h, c).
+
+        Each batch row's result must not depend on the other rows (batch == sequential).
+        """
         ...
 
     def attention(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.admission import Admission, Granted  # noqa: E402
+from core.admission import Admission, Granted
 
 
 def uncontended(cycles: int) -> float:

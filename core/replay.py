@@ -19,6 +19,10 @@ from core.recorder import Core
 from core.residency import ResidencyLimits
 
 
+PASSIVE_EVENTS = frozenset({"config", "note", "action", "action_end"})
+"""Records that describe the run (config, client actions) rather than core calls."""
+
+
 @attrs.frozen
 class Divergence:
     """The first record whose replayed decision differs from the recorded one."""
@@ -63,7 +67,7 @@ def replay(
     core = Core(limits, max_queue=max_queue, sink=out.append)
     count = 0
     for rec in records:
-        if rec.event in ("config", "note"):
+        if rec.event in PASSIVE_EVENTS:
             continue
         before = len(out)
         _apply(core, rec)

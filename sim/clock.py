@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -74,11 +75,27 @@ class SimClock:
         """How many sleepers wait for the driver."""
         return len(self._sleepers)
 
-    async def drive(self, limit: float = math.inf) -> None:
-        """Wake sleepers one at a time until none is left (or virtual time passes ``limit``)."""
+    async def drive(
+        self,
+        limit: float = math.inf,
+        *,
+        on_step: Callable[[], None] | None = None,
+        on_stall: Callable[[], bool] | None = None,
+    ) -> None:
+        """Wake sleepers one at a time until none is left (or virtual time passes ``limit``).
+
+        ``on_step`` runs each time the system is quiescent (every task blocked),
+        before the next wake-up: the place to check invariants. ``on_stall``
+        runs when every task is blocked and no sleeper is left; it returns True
+        if it made progress possible (cancelled something), False to stop.
+        """
         while True:
             await trio.testing.wait_all_tasks_blocked()
+            if on_step is not None:
+                on_step()
             if not self._sleepers:
+                if on_stall is not None and on_stall():
+                    continue
                 return
             first = min(s.deadline for s in self._sleepers)
             if first > limit:

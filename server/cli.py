@@ -1,0 +1,60 @@
+"""The ``voxpool`` command line: serve, run a model once, and the simulator.
+
+Production code never imports :mod:`sim`; only the ``sim`` subcommands load
+it, lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voxpool", description="Audio model server with parallel session slots.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP server (no config: the embedded default)")
+    serve.add_argument("--config", help="audio.cpp server.json")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--parallel-jobs", action="store_true", help="select the parallel runtime")
+    serve.add_argument("--trace", help="write the runtime trace (JSON lines) to this file")
+
+    run = sub.add_parser("run", help="run one model once (tts, asr, vad)")
+    run.add_argument("task", choices=["tts", "asr", "vad"])
+    run.add_argument("input", nargs="?", help="input WAV (asr, vad)")
+    run.add_argument("--text", help="text to speak (tts)")
+    run.add_argument("-o", "--output", help="output file")
+    run.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "opencl", "cuda"])
+    run.add_argument("--seed", type=int, default=0)
+
+    sim = sub.add_parser("sim", help="the deterministic simulator")
+    simsub = sim.add_subparsers(dest="sim_command", required=True)
+    srun = simsub.add_parser("run", help="run a scenario file and check its expectations")
+    srun.add_argument("file")
+    srun.add_argument("--seed", type=int)
+    srun.add_argument("--trace", help="write the trace (JSON lines) here")
+    srun.add_argument("--plot", help="draw the timeline (.svg or .png)")
+    fuzz = simsub.add_parser("fuzz", help="search random workloads for invariant violations")
+    fuzz.add_argument("--budget", type=float, default=60.0, help="seconds of search")
+    fuzz.add_argument("--seed", type=int, default=0)
+    fuzz.add_argument("--out", default="fuzz-out", help="where shrunk failures are written")
+    replay = simsub.add_parser("replay", help="re-feed a recorded trace to a fresh core")
+    replay.add_argument("trace")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "sim":
+        module = importlib.import_module(f"sim.cmd_{args.sim_command}")
+        return int(module.main(args))
+    module = importlib.import_module(f"server.cmd_{args.command}")
+    return int(module.main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Scenario files: models, a timeline of actions, and expectations (TOML).
+
+A scenario is data: it can be written by hand from a race report, produced by
+the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
+
+    name = "overdue rejection while an unload waits"
+    description = "why this scenario exists"
+
+    [config]                    # runtime settings (all optional)
+    busy_timeout_ms = 0         # server ceiling; 0 = unbounded
+    max_loaded_models = 0
+    memory_budget = 0
+    max_queue = 8               # optional request queue bound
+    idle_unload_ms = 0
+
+    [[models]]                  # one table per fake model
+    id = "m"
+    slots = 2
+    busy_timeout_ms = 300       # optional model ceiling
+    memory_bytes = 0
+    lazy = true                 # false: loaded at start
+    path = "rev1"               # the revision its runs report
+    # any FakeScript field: capacity, load_time, create_time, clone_time,
+    # close_time, release_time, run_time, chunk_time, chunks, fail_loads,
+    # null_primary, fail_clone_at, interfaces
+
+    [[actions]]                 # the timeline, by virtual time
+    at = 0.0
+    do = "request"              # request | stream | batch | load | unload |
+                                # reconfigure | register | bulk_unload |
+                                # disconnect | shutdown | fault
+    id = "r1"                   # names the action for expectations
+    model = "m"
+    duration = 5.0              # request/batch item run time
+    timeout_ms = 15             # request busy_timeout_ms override
+    fail = false                # the run raises
+    chunks = 3                  # stream: chunk count
+    chunk_time = 0.2            # stream: time per chunk
+    count = 2                   # batch: items
+    slots = 2                   # reconfigure/register: new slot count
+    path = "rev2"               # reconfigure/register: new revision
+    capacity = 4                # reconfigure/register: advertised capacity
+    ids = ["a", "b"]            # bulk_unload selection (omit: all)
+    target = "r1"               # disconnect: the action whose client leaves
+    set = { fail_loads = 1 }    # fault: FakeScript fields to change on model
+
+    [[expect]]                  # per-action outcome
+    id = "r1"
+    outcome = "ok"              # ok | busy | error | not_found | invalid | cancelled
+    reason = "slots_overdue"    # core reason code (optional)
+    message = "slots exceeded"  # substring of the error message (optional)
+    revision = "rev1"           # the revision the run reported (optional)
+    session_distinct_from = ["r2"]  # ran on a different session than these
+
+    [[order]]                   # completion order constraints
+    first = "r1"
+    then = "u1"
+
+    [final.m]                   # counters at the end (before shutdown)
+    loaded = false
+    active_slots = 0
+    queued_requests = 0
+    loads = 1                   # weight loads performed by the fake provider
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+ACTIONS = frozenset(
+    {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "bulk_unload", "disconnect", "shutdown", "fault"}
+)
+OUTCOMES = frozenset({"ok", "busy", "error", "not_found", "invalid", "cancelled"})
+MODEL_KEYS = frozenset({"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"})
+
+
+@attrs.frozen
+class ModelDef:
+    id: str
+    slots: int = 1
+    busy_timeout_ms: int | None = None
+    memory_bytes: int = 0
+    lazy: bool = True
+    path: str = ""
+    family: str = "fake"
+    task: str = "tts"
+    mode: str = "offline"
+    script: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Action:
+    at: float
+    do: str
+    id: str
+    model: str = ""
+    params: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Expect:
+    id: str
+    outcome: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    revision: str | None = None
+    session_distinct_from: Sequence[str] = ()
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    description: str = ""
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    models: Sequence[ModelDef] = ()
+    actions: Sequence[Action] = ()
+    expect: Sequence[Expect] = ()
+    order: Sequence[tuple[str, str]] = ()
+    final: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    seed: int = 0
+
+
+class ScenarioError(ValueError):
+    """A scenario file that does not follow the format."""
+
+
+def load(path: str | Path) -> Scenario:
+    """Parse a scenario file."""
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    return parse(raw, default_name=Path(path).stem)
+
+
+def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
+    """Build a :class:`Scenario` from parsed TOML, with clear errors for mistakes."""
+    models = []
+    for m in raw.get("models", []):
+        if "id" not in m:
+            raise ScenarioError("every [[models]] entry needs an id")
+        known = {k: v for k, v in m.items() if k in MODEL_KEYS}
+        script = {k: v for k, v in m.items() if k not in MODEL_KEYS}
+        models.append(ModelDef(**known, script=script))
+    ids = {m.id for m in models}
+    actions = []
+    for i, a in enumerate(raw.get("actions", [])):
+        do = a.get("do")
+        if do not in ACTIONS:
+            raise ScenarioError(f"action {i}: 'do' must be one of {sorted(ACTIONS)}, got {do!r}")
+        model = a.get("model", "")
+        if do in {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "fault"} and not model:
+            raise ScenarioError(f"action {i} ({do}) needs a model")
+        if model and model not in ids and do not in {"register", "request", "unload"}:
+            raise ScenarioError(f"action {i}: unknown model {model!r}")
+        params = {k: v for k, v in a.items() if k not in {"at", "do", "id", "model"}}
+        actions.append(Action(float(a.get("at", 0.0)), do, str(a.get("id", f"{do}{i}")), model, params))
+    names = [a.id for a in actions]
+    if len(names) != len(set(names)):
+        raise ScenarioError("action ids must be unique")
+    expect = []
+    for e in raw.get("expect", []):
+        if e.get("id") not in names:
+            raise ScenarioError(f"expectation for unknown action {e.get('id')!r}")
+        if e.get("outcome") is not None and e["outcome"] not in OUTCOMES:
+            raise ScenarioError(f"outcome must be one of {sorted(OUTCOMES)}")
+        expect.append(
+            Expect(
+                id=e["id"],
+                outcome=e.get("outcome"),
+                reason=e.get("reason"),
+                message=e.get("message"),
+                revision=e.get("revision"),
+                session_distinct_from=tuple(e.get("session_distinct_from", ())),
+            )
+        )
+    order = []
+    for o in raw.get("order", []):
+        if o.get("first") not in names or o.get("then") not in names:
+            raise ScenarioError(f"order constraint names an unknown action: {o}")
+        order.append((o["first"], o["then"]))
+    return Scenario(
+        name=str(raw.get("name", default_name)),
+        description=str(raw.get("description", "")),
+        config=dict(raw.get("config", {})),
+        models=tuple(models),
+        actions=tuple(sorted(actions, key=lambda a: a.at)),
+        expect=tuple(expect),
+        order=tuple(order),
+        final={k: dict(v) for k, v in raw.get("final", {}).items()},
+        seed=int(raw.get("seed", 0)),
+    )
+
+
+def dump(s: Scenario) -> str:
+    """TOML text for ``s`` (the fuzzer writes shrunk failures with this)."""
+    lines = [f"name = {_toml(s.name)}", f"description = {_toml(s.description)}", f"seed = {s.seed}", ""]
+    if s.config:
+        lines.append("[config]")
+        lines += [f"{k} = {_toml(v)}" for k, v in s.config.items()]
+        lines.append("")
+    for m in s.models:
+        lines += ["[[models]]", f"id = {_toml(m.id)}"]
+        for f in attrs.fields(ModelDef):
+            value = getattr(m, f.name)
+            if f.name not in ("id", "script") and value != f.default and value is not None:
+                lines.append(f"{f.name} = {_toml(value)}")
+        lines += [f"{k} = {_toml(v)}" for k, v in m.script.items()]
+        lines.append("")
+    for a in s.actions:
+        lines += ["[[actions]]", f"at = {a.at!r}", f"do = {_toml(a.do)}", f"id = {_toml(a.id)}"]
+        if a.model:
+            lines.append(f"model = {_toml(a.model)}")
+        lines += [f"{k} = {_toml(v)}" for k, v in a.params.items()]
+        lines.append("")
+    for e in s.expect:
+        lines += ["[[expect]]", f"id = {_toml(e.id)}"]
+        for key in ("outcome", "reason", "message", "revision"):
+            if getattr(e, key) is not None:
+                lines.append(f"{key} = {_toml(getattr(e, key))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
+    raise ScenarioError(f"cannot write {v!r} as TOML")

