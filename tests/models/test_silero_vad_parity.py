@@ -2,7 +2,9 @@
 
 The reference is silero's own ``OnnxWrapper`` (inputs ``input``, ``state``,
 ``sr``; 64 samples of context prepended to every 512-sample chunk), over about
-a minute of speech, silence and noise.
+a minute of speech, silence and noise. It holds the ``onnx`` weights, so this
+module loads them explicitly; the default (safetensors) weights are checked
+against the same graph with injected weights in ``test_silero_vad_safetensors``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def factory() -> SileroVadFactory:
-    return load_factory()
+    return load_factory(weights="onnx")
 
 
 @pytest.fixture(scope="module")
