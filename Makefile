@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/voxpool serve
+	$(VENV)/bin/voxpool serve --parallel-jobs
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,15 +1,80 @@
-"""``voxpool serve``: not built yet (the HTTP server is issue 5)."""
+"""``voxpool serve``: run the HTTP server until SIGINT/SIGTERM, then drain and exit 0.
+
+With no ``--config`` it serves the embedded default: the three bundled models
+on numpy, lazily loaded, on 127.0.0.1:8080. ``--parallel-jobs`` selects the
+parallel runtime (fixed for the process); without it any explicit ``slots``
+in the config is a startup error, as in audio.cpp.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import sys
+from typing import IO
+
+import attrs
+
+from core.policy import select_runtime
+from server.config import ConfigError, embedded_default, load_config
 
 
 def main(args: argparse.Namespace) -> int:
+    runtime_kind = select_runtime(bool(args.parallel_jobs))
+    try:
+        config = load_config(args.config, runtime=runtime_kind) if args.config else embedded_default(runtime_kind)
+    except ConfigError as exc:
+        print(f"voxpool serve: {exc}", file=sys.stderr)
+        return 2
+    if args.host:
+        config = attrs.evolve(config, host=args.host)
+    if args.port is not None:
+        if not 1 <= args.port <= 65535:
+            print("voxpool serve: --port must be between 1 and 65535", file=sys.stderr)
+            return 2
+        config = attrs.evolve(config, port=args.port)
+    if config.ui_management and not (config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN")):
+        print(
+            "voxpool serve: ui_management needs a bearer token: set management_token in the config "
+            "or VOXPOOL_MANAGEMENT_TOKEN",
+            file=sys.stderr,
+        )
+        return 2
+    import trio
+
+    with contextlib.ExitStack() as stack:
+        trace: IO[str] | None = stack.enter_context(open(args.trace, "w")) if args.trace else None
+        trio.run(serve, config, trace)
+    return 0
+
+
+async def serve(config, trace):  # type: ignore[no-untyped-def]
+    import trio
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from server.serving import make_app
+
+    app = make_app(config, trace_out=trace)
+    hc = Config()
+    hc.bind = [f"{config.host}:{config.port}"]
+    hc.graceful_timeout = 3600.0
+    hc.accesslog = None
+    hc.errorlog = "-"
+    hc.keep_alive_timeout = 5.0
+
+    async def until_signal() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                print("voxpool: shutting down (draining admitted and queued work)", file=sys.stderr, flush=True)
+                return
+
     print(
-        "voxpool serve: the HTTP server is not built yet; the core, runtime and simulator are "
-        "(try `voxpool sim run scenarios/overdue_unload_waiting_1slot.toml`).",
+        f"voxpool: serving {len(config.models)} model(s) on http://{config.host}:{config.port} "
+        f"({config.runtime.value} runtime)",
         file=sys.stderr,
+        flush=True,
     )
-    return 2
+    await hypercorn_serve(app, hc, shutdown_trigger=until_signal)

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import attrs
 
 from core.admission import Granted, Queued, Rejected, Wakeups
@@ -386,19 +387,27 @@ class Runtime(Management):
             await self.provider.release(live.spec, live.factory)
 
     # --------------------------------------------------------- session work
+    async def run_on(self, held: Held, request: Any) -> Any:
+        """Run one request on a held session (shielded: it finishes before the lease ends)."""
+        with anyio.CancelScope(shield=True):
+            result = await self.provider.run(held.session, request)
+        return result
+
+    async def batch_on(self, held: Held, requests: Sequence[Any]) -> list[Any]:
+        """Run a native batch on a held session (shielded)."""
+        with anyio.CancelScope(shield=True):
+            results = await self.provider.batch(held.session, requests)
+        return results
+
     async def run(self, model: str, request: Any, timeout_ms: int | None = None) -> Any:
         """Run one request to completion on a leased session."""
         async with self.acquire(model, timeout_ms) as held:
-            with anyio.CancelScope(shield=True):
-                result = await self.provider.run(held.session, request)
-        return result
+            return await self.run_on(held, request)
 
     async def batch(self, model: str, requests: Sequence[Any], timeout_ms: int | None = None) -> list[Any]:
         """Run a native batch on one leased session."""
         async with self.acquire(model, timeout_ms) as held:
-            with anyio.CancelScope(shield=True):
-                results = await self.provider.batch(held.session, requests)
-        return results
+            return await self.batch_on(held, requests)
 
     @asynccontextmanager
     async def open_stream(
@@ -415,6 +424,9 @@ class Runtime(Management):
 
             async def pull() -> AsyncIterator[Any]:
                 while True:
+                    # the one point where a gone client stops the stream (the
+                    # consumer need not checkpoint between chunks itself)
+                    await anyio.lowlevel.checkpoint_if_cancelled()
                     with anyio.CancelScope(shield=True):
                         try:
                             chunk = await chunks.__anext__()

@@ -1,0 +1,293 @@
+"""The server configuration: audio.cpp's ``server.json`` format (reference §2).
+
+Parsing is strict: duplicate JSON keys, unknown families or backends, negative
+durations and bad slot counts are rejected with a message naming the key.
+Families here are ``piper`` (tts), ``whisper`` (asr) and ``silero_vad`` (vad);
+backends ``numpy`` (alias ``cpu``), ``opencl`` and ``cuda``. With no file,
+:func:`embedded_default` describes the three bundled models on numpy.
+
+Differences from audio.cpp (docs/differences.md): the default backend is
+``numpy``; the default body limit is 64 MiB (audio.cpp: 2 GiB); ``audio_roots``
+(directories server-local audio paths may be read from; none by default),
+``management_token``, ``max_queue`` and ``memory_budget_mb`` are ours; the web
+UI keys (``ui``, ``voice_dir``...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from core.policy import MISSING, Invalid, RuntimeKind, validate_slots_for_runtime
+from server.runtime.ports import ModelSpec
+
+FAMILY_TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
+BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"}
+MODES = ("offline", "streaming")
+MAX_JSON_INT = 2**53 - 1
+IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb", "threads"}
+IGNORED_MODEL = {"config", "weight", "model_spec_override", "live_ingest", "voice_presets", "default_voice_preset"}
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the offending key."""
+
+
+@attrs.frozen
+class ModelConfig:
+    """One ``models[]`` entry."""
+
+    id: str
+    family: str
+    task: str
+    mode: str = "offline"
+    path: str = ""
+    lazy: bool = True
+    slots: int = 1
+    slots_given: bool = False
+    busy_timeout_ms: int | None = None
+    backend: str = "numpy"
+    device: str = "0"
+    load_options: Mapping[str, Any] = attrs.field(factory=dict)
+    session_options: Mapping[str, Any] = attrs.field(factory=dict)
+    default_request_options: Mapping[str, str] = attrs.field(factory=dict)
+
+    def spec(self) -> ModelSpec:
+        """The runtime's view of this model."""
+        return ModelSpec(
+            id=self.id,
+            family=self.family,
+            task=self.task,
+            mode=self.mode,
+            slots=self.slots,
+            path=self.path,
+            backend=self.backend,
+            device=self.device,
+            load_options=dict(self.load_options),
+            session_options=dict(self.session_options),
+            busy_timeout_ms=self.busy_timeout_ms,
+            lazy=self.lazy,
+            extra={"default_request_options": dict(self.default_request_options)},
+        )
+
+
+@attrs.frozen
+class ServerConfig:
+    """The whole server configuration, validated."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cors_origins: str = ""
+    ui_management: bool = False
+    management_token: str | None = None
+    backend: str = "numpy"
+    device: str = "0"
+    lazy_load: bool = True
+    max_request_body_bytes: int = 64 * 1024 * 1024
+    busy_timeout_ms: int = 300_000
+    max_loaded_models: int = 0
+    idle_unload_ms: int = 0
+    memory_budget_mb: int = 0
+    max_queue: int | None = None
+    audio_roots: tuple[str, ...] = ()
+    runtime: RuntimeKind = RuntimeKind.PARALLEL
+    models: tuple[ModelConfig, ...] = ()
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ConfigError(f"duplicate json object key: {key}")
+        out[key] = value
+    return out
+
+
+def parse_json(text: str) -> Any:
+    """JSON with duplicate keys rejected (as audio.cpp's parser does)."""
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"failed to parse json at byte {exc.pos}: {exc.msg}") from exc
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0, where: str = "") -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{where}{key} must be an integer")
+    value = int(value)
+    if value < minimum:
+        raise ConfigError(f"{where}{key} must be >= {minimum}")
+    if value > MAX_JSON_INT:
+        raise ConfigError(f"{where}{key} is too large")
+    return value
+
+
+def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false")
+    return value
+
+
+def _backend(value: Any, where: str = "") -> str:
+    if not isinstance(value, str) or value.lower() not in BACKENDS:
+        raise ConfigError(f"{where}unsupported server backend: {value!r} (numpy, cpu, opencl, cuda)")
+    return BACKENDS[value.lower()]
+
+
+def _options(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}{key} must be an object")
+    return dict(value)
+
+
+def _stringify(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_dir: Path | None) -> ModelConfig:
+    """Validate one ``models[]`` entry."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("every models[] entry must be an object")
+    model_id = raw.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise ConfigError("models[].id is required (a non-empty string)")
+    where = f"model '{model_id}': "
+    family = raw.get("family")
+    if family not in FAMILY_TASKS:
+        raise ConfigError(f"{where}unknown family {family!r} (piper, whisper, silero_vad)")
+    task = raw.get("task", FAMILY_TASKS[family])
+    if task != FAMILY_TASKS[family]:
+        raise ConfigError(f"{where}family {family} serves task '{FAMILY_TASKS[family]}', not {task!r}")
+    mode = raw.get("mode", "offline")
+    if mode not in MODES:
+        raise ConfigError(f"{where}mode must be 'offline' or 'streaming'")
+    slots_raw = raw.get("slots", MISSING)
+    checked = validate_slots_for_runtime(runtime, slots_raw)
+    if isinstance(checked, Invalid):
+        raise ConfigError(f"{where}{checked.message}")
+    path = raw.get("path", "")
+    if not isinstance(path, str):
+        raise ConfigError(f"{where}path must be a string")
+    if path and base_dir is not None and not os.path.isabs(path):
+        path = str((base_dir / path).resolve())
+    busy = raw.get("busy_timeout_ms")
+    if busy is not None:
+        busy = _int(raw, "busy_timeout_ms", 0, where=where)
+    dro = _options(raw, "default_request_options", where)
+    return ModelConfig(
+        id=model_id,
+        family=family,
+        task=task,
+        mode=mode,
+        path=path,
+        lazy=_bool(raw, "lazy", bool(server.get("lazy_load", True))),
+        slots=checked.value,
+        slots_given=slots_raw is not MISSING,
+        busy_timeout_ms=busy,
+        backend=_backend(raw.get("backend", server.get("backend", "numpy")), where),
+        device=str(raw.get("device", server.get("device", 0))),
+        load_options=_options(raw, "load_options", where),
+        session_options=_options(raw, "session_options", where),
+        default_request_options={k: _stringify(v) for k, v in dro.items()},
+    )
+
+
+def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_dir: Path | None = None) -> ServerConfig:
+    """Validate a parsed ``server.json`` object."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("the configuration must be a JSON object")
+    known = {
+        "host", "port", "cors_origins", "ui_management", "management_token", "backend", "device", "lazy_load",
+        "max_request_body_bytes", "busy_timeout_ms", "max_loaded_models", "idle_unload_ms", "memory_budget_mb",
+        "max_queue", "audio_roots", "models", "frontend_listener", "frontend_options", *IGNORED_TOP,
+    }
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {unknown}")
+    if "frontend_listener" in raw or "frontend_options" in raw:
+        raise ConfigError("frontend_listener is not supported by voxpool")
+    port = _int(raw, "port", 8080, minimum=1)
+    if port > 65535:
+        raise ConfigError("port must be between 1 and 65535")
+    cors = raw.get("cors_origins", "")
+    if cors not in ("", "*"):
+        raise ConfigError("cors_origins must be '' or '*'")
+    ui_management = _bool(raw, "ui_management", False)
+    models_raw = raw.get("models")
+    if not isinstance(models_raw, list):
+        raise ConfigError("models is required (an array)")
+    if not models_raw and not ui_management:
+        raise ConfigError("models is empty: register models dynamically with ui_management enabled")
+    models = tuple(parse_model(m, raw, runtime, base_dir) for m in models_raw)
+    ids = [m.id for m in models]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ConfigError(f"duplicate server model id: {dup[0]}")
+    roots = raw.get("audio_roots", [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+        raise ConfigError("audio_roots must be an array of directory paths")
+    resolved_roots = tuple(str((base_dir / r).resolve()) if base_dir and not os.path.isabs(r) else str(Path(r).resolve()) for r in roots)
+    token = raw.get("management_token")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ConfigError("management_token must be a non-empty string")
+    max_queue = raw.get("max_queue")
+    if max_queue is not None:
+        max_queue = _int(raw, "max_queue", 0)
+    host = raw.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError("host must be a non-empty string")
+    return ServerConfig(
+        host=host,
+        port=port,
+        cors_origins=cors,
+        ui_management=ui_management,
+        management_token=token,
+        backend=_backend(raw.get("backend", "numpy")),
+        device=str(raw.get("device", 0)),
+        lazy_load=_bool(raw, "lazy_load", True),
+        max_request_body_bytes=_int(raw, "max_request_body_bytes", 64 * 1024 * 1024),
+        busy_timeout_ms=_int(raw, "busy_timeout_ms", 300_000),
+        max_loaded_models=_int(raw, "max_loaded_models", 0),
+        idle_unload_ms=_int(raw, "idle_unload_ms", 0),
+        memory_budget_mb=_int(raw, "memory_budget_mb", 0),
+        max_queue=max_queue,
+        audio_roots=resolved_roots,
+        runtime=runtime,
+        models=models,
+    )
+
+
+def load_config(path: str | Path, *, runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:
+    """Read and validate a ``server.json`` file (relative paths resolve against its folder)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from exc
+    return parse_config(parse_json(text), runtime=runtime, base_dir=p.resolve().parent)
+
+
+def embedded_default(runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:
+    """The three bundled models on numpy, lazily loaded, on 127.0.0.1:8080."""
+    parallel = runtime is RuntimeKind.PARALLEL
+    models: list[dict[str, Any]] = [
+        {"id": "piper", "family": "piper", "mode": "streaming"},
+        {"id": "whisper", "family": "whisper"},
+        {"id": "silero_vad", "family": "silero_vad"},
+    ]
+    if parallel:
+        for m in models:
+            m["slots"] = 2
+    return parse_config({"models": models, "lazy_load": True}, runtime=runtime)

@@ -1,0 +1,121 @@
+"""Model routes: health, the model list, management (load, unload, bulk), metrics, OpenAPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from core.policy import MISSING, Invalid, validate_slots_for_runtime
+from server.config import FAMILY_TASKS, MODES, ConfigError, parse_model
+from server.families import bad
+from server.http.body import json_object
+from server.http.openapi import SPEC
+from server.http.routes_audio import state_of
+
+
+async def health(request: Request) -> Response:
+    st = state_of(request)
+    return JSONResponse(
+        {
+            "status": "ok",
+            "backend": st.backend,
+            "models": len(st.runtime.specs),
+            "runtime": st.config.runtime.value,
+            "management": st.config.ui_management,
+        }
+    )
+
+
+async def models(request: Request) -> Response:
+    st = state_of(request)
+    data = []
+    for row in st.runtime.status():
+        spec = st.runtime.specs[row.id]
+        data.append(
+            {
+                "id": row.id,
+                "object": "model",
+                "owned_by": "voxpool",
+                "family": spec.family,
+                "task": spec.task,
+                "mode": spec.mode,
+                "backend": spec.backend,
+                "slots": row.slots,
+                "active_slots": row.active_slots,
+                "queued_requests": row.queued_requests,
+                "queued_management": row.queued_management,
+                "max_parallel_slots": row.max_parallel_slots,
+                "loaded": row.loaded,
+                "state": row.state,
+                "path": spec.path,
+            }
+        )
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def load(request: Request) -> Response:
+    st = state_of(request)
+    st.check_management(request)
+    body = await json_object(request)
+    model_id = body.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise bad("'id' is required (a non-empty string)")
+    family = body.get("family")
+    existing = st.runtime.specs.get(model_id)
+    if family is None and existing is not None:
+        family = existing.family
+    if family not in FAMILY_TASKS:
+        raise bad(f"unknown family {family!r} (piper, whisper, silero_vad)")
+    if body.get("mode", "offline") not in MODES:
+        raise bad("mode must be 'offline' or 'streaming'")
+    slots = body.get("slots", MISSING)
+    checked = validate_slots_for_runtime(st.config.runtime, slots)
+    if isinstance(checked, Invalid):
+        raise bad(checked.message)
+    raw: dict[str, Any] = {k: v for k, v in body.items() if k in ("id", "family", "task", "mode", "path", "load_options", "session_options", "slots")}
+    raw["family"] = family
+    server_defaults = {"backend": st.config.backend, "device": st.config.device, "lazy_load": True}
+    try:
+        model = parse_model(raw, server_defaults, st.config.runtime, None)
+    except ConfigError as exc:
+        raise bad(str(exc)) from exc
+    reconfigured = await st.runtime.register(model.spec())
+    return JSONResponse({"id": model_id, "loaded": True, "reconfigured": reconfigured})
+
+
+async def unload(request: Request) -> Response:
+    st = state_of(request)
+    st.check_management(request)
+    body = await json_object(request)
+    spec = st.spec(body.get("id"))
+    await st.runtime.unload(spec.id)
+    return JSONResponse({"id": spec.id, "loaded": False})
+
+
+async def unload_models(request: Request) -> Response:
+    st = state_of(request)
+    st.check_management(request)
+    body = await json_object(request)
+    ids = body.get("model_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise bad("request requires a 'model_ids' string array")
+    result = await st.runtime.bulk_unload(ids)
+    return JSONResponse({"unloaded": list(result.unloaded), "not_found": list(result.not_found)})
+
+
+async def unload_all(request: Request) -> Response:
+    st = state_of(request)
+    st.check_management(request)
+    result = await st.runtime.bulk_unload(None)
+    return JSONResponse({"unloaded": list(result.unloaded)})
+
+
+async def metrics(request: Request) -> Response:
+    st = state_of(request)
+    return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def openapi(request: Request) -> Response:
+    return JSONResponse(SPEC)

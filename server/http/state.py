@@ -1,0 +1,80 @@
+"""The server's shared state: configuration, runtime, metrics, and model lookups."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+from starlette.requests import Request
+
+from core.policy import RuntimeKind
+from server.config import FAMILY_TASKS, ServerConfig
+from server.families import ADAPTERS, ApiError, bad
+from server.metrics import Metrics
+from server.runtime import Runtime
+from server.runtime.errors import NotFoundError
+from server.runtime.ports import ModelSpec
+
+
+@attrs.define
+class ServerState:
+    """Everything a handler needs."""
+
+    config: ServerConfig
+    runtime: Runtime
+    metrics: Metrics
+    backend: str
+    started: float = attrs.field(factory=time.time)
+
+    @property
+    def management_token(self) -> str | None:
+        return self.config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN") or None
+
+    def spec(self, model_id: Any, task: str | None = None) -> ModelSpec:
+        """The spec of a model named in a request; 400 if missing, 404 if unknown, 400 on task mismatch."""
+        if not isinstance(model_id, str) or not model_id:
+            raise bad("'model' is required")
+        try:
+            spec = self.runtime.spec(model_id)
+        except NotFoundError:
+            raise ApiError(404, f"unknown model id: {model_id}", "not_found_error") from None
+        if task is not None and spec.task != task:
+            raise bad(f"model '{model_id}' serves task '{spec.task}', not '{task}'")
+        return spec
+
+    def adapter(self, spec: ModelSpec) -> Any:
+        return ADAPTERS[FAMILY_TASKS[spec.family]]
+
+    def check_management(self, request: Request) -> None:
+        """403 unless management is on and the bearer token matches."""
+        if not self.config.ui_management:
+            raise ApiError(403, "dynamic model management is disabled", "permission_error")
+        token = self.management_token
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        if token is None or not secrets.compare_digest(given.encode(), token.encode()):
+            raise ApiError(403, "model management requires a valid bearer token", "permission_error")
+
+    def local_audio(self, path: Any) -> bytes:
+        """Read a server-local audio file, only under the configured ``audio_roots``."""
+        if not isinstance(path, str) or not path:
+            raise bad("audio path must be a non-empty string")
+        if not self.config.audio_roots:
+            raise bad("server-local audio paths are disabled (configure audio_roots)")
+        real = Path(os.path.realpath(path))
+        for root in self.config.audio_roots:
+            root_path = Path(os.path.realpath(root))
+            if real == root_path or root_path in real.parents:
+                try:
+                    return real.read_bytes()
+                except OSError as exc:
+                    raise bad(f"cannot read audio path: {exc.strerror}") from None
+        raise bad("audio path is outside the configured audio_roots")
+
+    @property
+    def parallel(self) -> bool:
+        return self.config.runtime is RuntimeKind.PARALLEL

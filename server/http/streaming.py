@@ -1,0 +1,47 @@
+"""Responses that hold a lease: the body owns it until the exchange ends.
+
+A streamed response (SSE or raw audio) or a deferred batch acquires its lease
+*before* the headers are sent (so a busy model still gets a 503) and releases it
+when the body finishes, fails, the client disconnects, or the response is
+dropped unstarted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON (or the literal ``[DONE]``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class LeasedResponse(StreamingResponse):
+    """A streaming response whose exit stack (holding the lease) closes when it ends."""
+
+    def __init__(self, body: AsyncIterator[bytes], stack: AsyncExitStack, media_type: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(body, media_type=media_type, headers={"Cache-Control": "no-cache", **(headers or {})})
+        self._body = body
+        self._stack = stack
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self._body, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._stack.aclose()
+
+
+def sse_error(exc: BaseException) -> bytes:
+    return sse({"type": "error", "error": {"message": str(exc) or type(exc).__name__}})

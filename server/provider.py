@@ -1,0 +1,146 @@
+"""The production model provider: real families, shared weights, worker threads.
+
+Families are imported by name from :mod:`backends`; each exposes
+``load_factory(backend, **options)``. Loaded factories (the immutable weights)
+are shared by every model whose weight key matches, through core's
+single-flight, reference-counted :class:`~core.weights.WeightCache`; the last
+release frees them. Session work runs in worker threads so the event loop
+never blocks on compute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from core.pool import Session, SessionFactory
+from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
+from server.runtime.ports import ModelSpec
+
+FAMILY_MODULES = {"piper": "backends.piper", "whisper": "backends.whisper", "silero_vad": "backends.silero_vad"}
+_END = object()
+
+
+def make_backend(name: str, device: str) -> Any:
+    """The array backend called ``name`` on ``device``."""
+    if name in ("numpy", "cpu"):
+        from backends.numpy_backend import NumpyBackend
+
+        return NumpyBackend()
+    module = importlib.import_module(f"backends.{name}_backend")
+    return module.make_backend(device)
+
+
+def weight_key(spec: ModelSpec) -> WeightKey:
+    """What identifies a loaded factory: family, path, options and mode, on a backend/device."""
+    options = ",".join(f"{k}={v}" for k, v in sorted(spec.load_options.items()))
+    source = f"{spec.family}:{spec.path}:{spec.mode}:{options}"
+    return WeightKey(source=source, backend=spec.backend, device=spec.device)
+
+
+class ThreadedProvider:
+    """ModelProvider for real models."""
+
+    def __init__(self, limiter: anyio.CapacityLimiter | None = None) -> None:
+        self.cache: WeightCache[SessionFactory] = WeightCache()
+        self.limiter = limiter
+        self._users = itertools.count(1)
+        self._holders: dict[WeightKey, list[int]] = {}
+        self._loaded: dict[WeightKey, anyio.Event] = {}
+        self._errors: dict[WeightKey, str] = {}
+
+    async def _thread(self, fn: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    def _load_sync(self, spec: ModelSpec) -> SessionFactory:
+        module = importlib.import_module(FAMILY_MODULES[spec.family])
+        options: dict[str, Any] = dict(spec.load_options)
+        if spec.family in ("piper", "silero_vad"):
+            options.setdefault("mode", spec.mode)
+        if spec.path and spec.family == "whisper":
+            options.setdefault("model_dir", spec.path)
+        backend = make_backend(spec.backend, spec.device)
+        factory: SessionFactory = module.load_factory(backend, **options)
+        return factory
+
+    async def load(self, spec: ModelSpec) -> SessionFactory:
+        key = weight_key(spec)
+        user = next(self._users)
+        while True:
+            decision = self.cache.acquire(key, user)
+            if isinstance(decision, Hit):
+                return self._remember(decision.handle, key, user)
+            if isinstance(decision, Wait):
+                event = self._loaded.setdefault(key, anyio.Event())
+                await event.wait()
+                error = self._errors.get(key)
+                if error is not None and self.cache.state(key) is None:
+                    raise RuntimeError(error)
+                continue
+            if isinstance(decision, StartLoad):
+                event = self._loaded.setdefault(key, anyio.Event())
+                try:
+                    factory = await self._thread(self._load_sync, spec)
+                except Exception as exc:
+                    self._errors[key] = str(exc)
+                    self.cache.load_failed(key, exc)
+                    self._loaded.pop(key, None)
+                    event.set()
+                    raise
+                self._errors.pop(key, None)
+                loaded = self.cache.load_succeeded(key, factory)
+                assert isinstance(loaded, Loaded)
+                self._loaded.pop(key, None)
+                event.set()
+                return self._remember(factory, key, user)
+            raise RuntimeError(f"weight cache refused: {decision}")
+
+    def _remember(self, factory: SessionFactory, key: WeightKey, user: int) -> SessionFactory:
+        self._holders.setdefault(key, []).append(user)
+        return factory
+
+    async def release(self, spec: ModelSpec, factory: SessionFactory) -> None:
+        key = weight_key(spec)
+        users = self._holders.get(key, [])
+        if not users:
+            return
+        decision = self.cache.release(key, users.pop(0))
+        if isinstance(decision, Free):
+            close = getattr(decision.handle, "close", None)
+            if close is not None:
+                await self._thread(close)
+
+    async def create(self, factory: SessionFactory) -> Session:
+        session: Session = await self._thread(factory.create)
+        return session
+
+    async def clone(self, factory: SessionFactory, primary: Session) -> Session:
+        session: Session = await self._thread(factory.clone, primary)
+        return session
+
+    async def close(self, session: Session) -> None:
+        await self._thread(session.close)
+
+    async def run(self, session: Session, request: Any) -> Any:
+        return await self._thread(session.run, request)
+
+    async def stream(self, session: Session, request: Any) -> AsyncIterator[Any]:
+        iterator = await self._thread(lambda: iter(session.stream(request)))
+        while True:
+            chunk = await self._thread(next, iterator, _END)
+            if chunk is _END:
+                return
+            yield chunk
+
+    async def batch(self, session: Session, requests: Sequence[Any]) -> list[Any]:
+        results: list[Any] = await self._thread(session.batch, list(requests))
+        return results
+
+    async def reset(self, session: Session) -> None:
+        await self._thread(session.reset)
+
