@@ -16,6 +16,8 @@ from collections.abc import Iterable
 import attrs
 
 from core.admission import Granted
+from core.lifecycle import ModelState
+from core.policy import RuntimeKind
 from core.registry import Registry
 
 
@@ -60,6 +62,9 @@ class BulkUnload:
     def publish(cls, registry: Registry, ids: Iterable[str] | None, now: float) -> BulkUnload:
         """Snapshot the selection and enqueue every barrier now, in selection order."""
         entries, missing = registry.snapshot(ids)
+        if registry.kind is RuntimeKind.ORIGINAL:
+            # the original runtime's bulk unload skips models whose first load is unpublished
+            entries = tuple(e for e in entries if e.lifecycle.state is not ModelState.LOADING)
         tickets: dict[str, int] = {}
         ready: list[str] = []
         waiting: list[str] = []

@@ -1,118 +1,126 @@
-"""The original runtime's busy guard (reference §3.9): one timed lock per model.
+"""The original runtime's busy guard (reference §3.9), as an admission.
 
-Without ``--parallel-jobs`` a model has one session and one lock. There is no
-FIFO and no management priority: when the lock frees, *some* waiter gets it
-(the caller's ``choose`` decides; the simulator passes its seeded choice). With a
-timeout > 0 a caller fails fast when the current holder has overrun it;
-otherwise it waits at most the timeout. Timeout 0 is a plain blocking lock.
+Without ``--parallel-jobs`` a model has one session and one timed lock, taken by
+requests and management alike. There is no FIFO and no management priority:
+when the lock frees, *some* waiter gets it; ``choose`` decides which (the
+oldest by default; the simulator passes a seeded choice, and replay forces the
+recorded one). With a timeout > 0 a caller fails fast when the current holder
+has overrun it; otherwise it waits at most the timeout. Timeout 0 is a plain
+blocking lock.
+
+It subclasses :class:`~core.admission.Admission` so that leases, lifecycle,
+residency, bulk unload, the recorder and the invariant checker work unchanged:
+the lock is slot 0 for a request holder and the exclusive lease for a manager.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import attrs
-
-from core.admission import Expired, Granted, Queued, Rejected, Wakeups
-from core.events import Reason
-from core.lease import Lease, LeaseKind, LeaseLedger
+from core.admission import (
+    NO_WAKEUPS,
+    Admission,
+    Decision,
+    Expired,
+    Granted,
+    Rejected,
+    Waiter,
+    Wakeups,
+)
+from core.events import Reason, busy_message
+from core.lease import Lease, LeaseKind
 from core.policy import overrun
 
 
-def _first(candidates: Sequence[int]) -> int:
+def oldest(candidates: Sequence[int]) -> int:
+    """The default choice: the waiter that came first."""
     return candidates[0]
 
 
-@attrs.define
-class _Waiter:
-    ticket: int
-    deadline: float | None
-    timeout: float
+class GuardAdmission(Admission):
+    """One lock per model: no FIFO, no management priority, overrun fail-fast."""
 
-
-class BusyGuard:
-    """One lock per model, shared by requests and management alike."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.ledger = LeaseLedger()
-        self._holder: int | None = None
-        self._since: float | None = None
-        self._waiters: list[_Waiter] = []
+    def __init__(
+        self,
+        model: str,
+        *,
+        choose: Callable[[Sequence[int]], int] | None = None,
+        generation: int = 0,
+    ) -> None:
+        super().__init__(model, 1, generation=generation)
+        self.choose = choose or oldest
+        self.forced: list[int] = []
 
     @property
     def held(self) -> bool:
         """Whether someone holds the lock."""
-        return self._holder is not None
+        return not self._lock_free()
 
-    @property
-    def waiting(self) -> int:
-        """How many callers wait for the lock."""
-        return len(self._waiters)
+    def request(self, ticket: int, now: float, timeout: float) -> Decision:
+        """Take the lock for one inference, wait for it, or fail fast on an overrun holder."""
+        return self._acquire(ticket, LeaseKind.REQUEST, now, timeout)
 
-    def acquire(self, ticket: int, now: float, timeout: float) -> Granted | Queued | Rejected:
-        """Take the lock, wait for it, or fail fast because the holder has overrun ``timeout``."""
-        if self._holder is None:
-            return Granted(self._grant(ticket, now), fast=True)
-        if overrun(self._since, now, timeout):
-            since = now if self._since is None else self._since
-            ran_ms = round((now - since) * 1000)
+    def manage(self, ticket: int, now: float, timeout: float) -> Decision:
+        """Management takes the same lock, with no priority over requests."""
+        return self._acquire(ticket, LeaseKind.MANAGEMENT, now, timeout)
+
+    def configure(self, slots: int, *, bump_generation: bool = True) -> int:
+        """The original runtime has exactly one session per model."""
+        if slots != 1:
+            raise ValueError("the original runtime has one session per model (slots requires --parallel-jobs)")
+        return super().configure(1, bump_generation=bump_generation)
+
+    def _lock_free(self) -> bool:
+        return self._exclusive is None and self._active == 0
+
+    def _acquire(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
+        self._check_new_ticket(ticket)
+        if kind is LeaseKind.REQUEST and not self._admitting:
+            return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
+        if self._lock_free():
+            return Granted(self._grant(ticket, kind, now), fast=True)
+        since = self._since[0] if self._since[0] is not None else self._exclusive_since
+        if overrun(since, now, timeout):
+            assert since is not None
             message = (
-                f"model '{self.model}' is busy: current inference has run {ran_ms} ms "
-                f"(busy_timeout_ms={round(timeout * 1000)}); the previous request has likely "
-                "wedged and cannot be cancelled"
+                f"model '{self.model}' is busy: current inference has run {round((now - since) * 1000)} ms "
+                f"(busy_timeout_ms={round(timeout * 1000)}); the previous request has likely wedged "
+                "and cannot be cancelled"
             )
             return Rejected(ticket, Reason.SLOTS_OVERDUE, message)
-        deadline = now + timeout if timeout > 0 else None
-        self._waiters.append(_Waiter(ticket, deadline, timeout))
-        return Queued(ticket, LeaseKind.REQUEST, deadline, len(self._waiters) - 1)
+        return self._enqueue(ticket, kind, now, timeout)
 
-    def release(
-        self, ticket: int, now: float, choose: Callable[[Sequence[int]], int] = _first
-    ) -> Wakeups:
-        """Free the lock and hand it to the waiter ``choose`` picks among those still in time."""
-        if self.ledger.release(ticket) is None:
-            return Wakeups()
-        self._holder = None
-        self._since = None
-        expired = self._expire(now)
-        if not self._waiters:
-            return Wakeups((), expired)
-        chosen = choose([w.ticket for w in self._waiters])
-        waiter = next(w for w in self._waiters if w.ticket == chosen)
-        self._waiters.remove(waiter)
-        return Wakeups((self._grant(chosen, now),), expired)
+    def _grant(self, ticket: int, kind: LeaseKind, now: float) -> Lease:
+        if kind is LeaseKind.REQUEST:
+            return self._grant_slot(ticket, 0, now)
+        return self._grant_exclusive(ticket, now)
 
-    def expire(self, now: float) -> Wakeups:
-        """Time out every waiter whose deadline has come."""
-        return Wakeups((), self._expire(now))
+    def _dispatch(self, now: float) -> Wakeups:
+        """Expire late waiters; if the lock is free, hand it to the chosen waiter."""
+        expired: list[Expired] = []
+        for waiter in tuple(self._queue):
+            if waiter.deadline is not None and now >= waiter.deadline:
+                self._remove(waiter)
+                expired.append(self._expired(waiter))
+        granted: list[Lease] = []
+        if self._lock_free() and self._queue:
+            candidates = [w.ticket for w in self._queue]
+            if self.forced and self.forced[0] in candidates:
+                chosen = self.forced.pop(0)
+            else:
+                chosen = self.choose(candidates)
+            waiter = self._waiting[chosen]
+            self._remove(waiter)
+            granted.append(self._grant(chosen, waiter.kind, now))
+        if not granted and not expired:
+            return NO_WAKEUPS
+        return Wakeups(tuple(granted), tuple(expired))
 
-    def cancel(self, ticket: int) -> bool:
-        """Drop a waiting caller; True if it was waiting."""
-        for w in self._waiters:
-            if w.ticket == ticket:
-                self._waiters.remove(w)
-                return True
-        return False
-
-    def _expire(self, now: float) -> tuple[Expired, ...]:
-        gone = [w for w in self._waiters if w.deadline is not None and now >= w.deadline]
-        for w in gone:
-            self._waiters.remove(w)
-        return tuple(
-            Expired(
-                w.ticket,
-                LeaseKind.REQUEST,
-                Reason.QUEUE_TIMEOUT,
-                f"model '{self.model}' is busy: timed out after "
-                f"{round(w.timeout * 1000)} ms waiting for the inference lock",
-            )
-            for w in gone
+    def _expired(self, waiter: Waiter) -> Expired:
+        timeout_ms = round(((waiter.deadline or waiter.enqueued_at) - waiter.enqueued_at) * 1000)
+        return Expired(
+            waiter.ticket,
+            waiter.kind,
+            Reason.QUEUE_TIMEOUT,
+            f"model '{self.model}' is busy: timed out after {timeout_ms} ms waiting for the inference lock",
         )
-
-    def _grant(self, ticket: int, now: float) -> Lease:
-        lease = Lease(self.model, ticket, LeaseKind.REQUEST, 0, 0, now)
-        self._holder = ticket
-        self._since = now
-        self.ledger.grant(lease)
-        return lease

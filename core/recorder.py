@@ -10,13 +10,14 @@ must reproduce every decision; the first one that differs is a divergence.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from core.admission import Cancelled, Decision, Granted, Queued, Rejected, Released, Wakeups
 from core.bulk import BulkUnload
 from core.events import Reason, TraceRecord
 from core.lifecycle import LoadOutcome, Nothing, Proceed, StartLoad, Teardown, WaitLoad
+from core.policy import RuntimeKind
 from core.registry import Existing, ModelEntry, Registered, Registry
 from core.residency import Eviction, ResidencyLimits, RoomDecision, retire_idle
 
@@ -59,8 +60,10 @@ class Core:
         *,
         max_queue: int | None = None,
         sink: Sink | None = None,
+        kind: RuntimeKind = RuntimeKind.PARALLEL,
+        choose: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
-        self.registry = Registry(limits, max_queue=max_queue)
+        self.registry = Registry(limits, max_queue=max_queue, kind=kind, choose=choose)
         self._sink = sink
         self._seq = 0
 

@@ -12,15 +12,17 @@ counter orders the whole process (and the trace).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 
 from core.admission import Admission, Granted
 from core.events import Reason
+from core.guard import GuardAdmission
 from core.lease import Lease
 from core.lifecycle import Lifecycle, Nothing, Proceed, StartLoad, Teardown, WaitLoad
+from core.policy import RuntimeKind
 from core.residency import ResidencyLimits, RoomDecision, make_room
 
 
@@ -95,9 +97,18 @@ class Refused:
 class Registry:
     """All registered models, the ticket counter and the residency limits."""
 
-    def __init__(self, limits: ResidencyLimits | None = None, *, max_queue: int | None = None) -> None:
+    def __init__(
+        self,
+        limits: ResidencyLimits | None = None,
+        *,
+        max_queue: int | None = None,
+        kind: RuntimeKind = RuntimeKind.PARALLEL,
+        choose: Callable[[Sequence[int]], int] | None = None,
+    ) -> None:
         self.limits = limits or ResidencyLimits()
         self.max_queue = max_queue
+        self.kind = kind
+        self.choose = choose
         self._entries: dict[str, ModelEntry] = {}
         self._next_ticket = 1
 
@@ -172,7 +183,11 @@ class Registry:
         existing = self._entries.get(model_id)
         if existing is not None:
             return Existing(existing)
-        admission = Admission(model_id, slots, max_queue=self.max_queue)
+        admission: Admission
+        if self.kind is RuntimeKind.ORIGINAL:
+            admission = GuardAdmission(model_id, choose=self.choose)
+        else:
+            admission = Admission(model_id, slots, max_queue=self.max_queue)
         entry = ModelEntry(
             id=model_id,
             order=len(self._entries),

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 import attrs
 
 from core.events import Reason, TraceRecord
+from core.guard import GuardAdmission
 from core.lifecycle import StartLoad
+from core.policy import RuntimeKind
 from core.recorder import Core
 from core.residency import ResidencyLimits
-
 
 PASSIVE_EVENTS = frozenset({"config", "note", "action", "action_end"})
 """Records that describe the run (config, client actions) rather than core calls."""
@@ -58,13 +59,16 @@ def replay(
     limits and queue bound when they are not given.
     """
     records = list(records)
-    if records and records[0].event == "config" and limits is None:
+    kind = RuntimeKind.PARALLEL
+    if records and records[0].event == "config":
         cfg = records[0].args
-        limits = ResidencyLimits(int(cfg.get("max_loaded_models", 0)), int(cfg.get("memory_budget", 0)))
-        raw_queue = cfg.get("max_queue")
-        max_queue = None if raw_queue is None else int(raw_queue)
+        kind = RuntimeKind(cfg.get("runtime", "parallel"))
+        if limits is None:
+            limits = ResidencyLimits(int(cfg.get("max_loaded_models", 0)), int(cfg.get("memory_budget", 0)))
+            raw_queue = cfg.get("max_queue")
+            max_queue = None if raw_queue is None else int(raw_queue)
     out: list[TraceRecord] = []
-    core = Core(limits, max_queue=max_queue, sink=out.append)
+    core = Core(limits, max_queue=max_queue, sink=out.append, kind=kind)
     count = 0
     for rec in records:
         if rec.event in PASSIVE_EVENTS:
@@ -80,9 +84,19 @@ def replay(
     return ReplayResult(count, None)
 
 
+def _force_choices(core: Core, rec: TraceRecord) -> None:
+    """On the original runtime, hand the lock to the waiters the recording chose."""
+    entry = core.registry.get(rec.model) if rec.model else None
+    if entry is None or not isinstance(entry.admission, GuardAdmission) or "granted=[" not in rec.decision:
+        return
+    inner = rec.decision.split("granted=[", 1)[1].split("]", 1)[0]
+    entry.admission.forced = [int(item.split(":")[0]) for item in inner.split(",") if item]
+
+
 def _apply(core: Core, rec: TraceRecord) -> None:
     a, m, t = rec.args, rec.model, rec.t
     ev = rec.event
+    _force_choices(core, rec)
     if ev == "new_ticket":
         core.new_ticket(t)
     elif ev == "register":

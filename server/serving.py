@@ -34,6 +34,7 @@ def make_state(config: ServerConfig, provider: ModelProvider | None = None, trac
             memory_budget=config.memory_budget_mb * 1024 * 1024,
             max_queue=config.max_queue,
             idle_unload_ms=config.idle_unload_ms,
+            kind=config.runtime,
         ),
         trace=sink,
     )

@@ -130,9 +130,13 @@ async def _main(
         memory_budget=int(cfg.get("memory_budget", 0)),
         max_queue=cfg.get("max_queue"),
         idle_unload_ms=int(cfg.get("idle_unload_ms", 0)),
+        kind=RuntimeKind(cfg.get("runtime", "parallel")),
     )
-    kind = RuntimeKind(cfg.get("runtime", "parallel"))
-    rt = runtime_factory(provider, config, clock=clock, trace=log)
+    kind = config.kind
+    # the original runtime's lock goes to *some* waiter: the seeded RNG picks which
+    rt = runtime_factory(
+        provider, config, clock=clock, trace=log, choose=lambda c: c[clock.rng.randrange(len(c))]
+    )
     for m in scenario.models:
         rt.add_model(model_spec(scenario, m.id))
     outcomes = {a.id: ActionOutcome(a.id, a.do) for a in scenario.actions}
@@ -218,7 +222,8 @@ async def _main(
         if a.do == "unload":
             return await rt.unload(a.model)
         if a.do in ("reconfigure", "register"):
-            if "slots" in p:
+            if "slots" in p and kind is RuntimeKind.ORIGINAL:
+                # the process-level rule (the HTTP layer's); slot ranges are the runtime's own check
                 check = validate_slots_for_runtime(kind, p["slots"])
                 if isinstance(check, Invalid):
                     raise InvalidRequestError(check.reason, check.message)
@@ -239,6 +244,10 @@ async def _main(
             return None
         if a.do == "shutdown":
             return await rt.shutdown()
+        if a.do == "status":
+            rows = [rt.status_of(a.model)] if a.model else rt.status()
+            dicts = [attrs.asdict(row) for row in rows]
+            return dicts[0] if a.model else {"models": dicts}
         if a.do == "fault":
             script = provider.script(a.model)
             for k, v in dict(p.get("set", {})).items():
@@ -313,6 +322,11 @@ def check_expectations(scenario: Scenario, result: RunResult) -> list[str]:
             revisions = _revisions(o.result)
             if revisions != {e.revision}:
                 failures.append(f"{e.id}: ran on revision(s) {sorted(revisions)}, expected {e.revision!r}")
+        if e.result is not None:
+            got = o.result if isinstance(o.result, dict) else {}
+            for key, value in e.result.items():
+                if _plain(got.get(key)) != _plain(value):
+                    failures.append(f"{e.id}: result {key} = {got.get(key)!r}, expected {value!r}")
         for other in e.session_distinct_from:
             if _sessions(o.result) & _sessions(outs[other].result):
                 failures.append(f"{e.id} and {other} ran on the same session")
@@ -326,6 +340,11 @@ def check_expectations(scenario: Scenario, result: RunResult) -> list[str]:
             if got.get(key) != value:
                 failures.append(f"final {model}.{key} = {got.get(key)!r}, expected {value!r}")
     return failures
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and lists compare alike (TOML arrays against runtime tuples)."""
+    return list(value) if isinstance(value, tuple | list) else value
 
 
 def _end_seq(result: RunResult, action_id: str) -> int:

@@ -21,7 +21,7 @@ from core.bulk import BulkDone, UnloadNow, WaitForGrant
 from core.events import Reason
 from core.lease import Lease
 from core.lifecycle import Proceed, Teardown, WaitLoad
-from core.policy import Invalid, validate_slots
+from core.policy import SLOTS_REQUIRE_PARALLEL_MESSAGE, Invalid, RuntimeKind, validate_slots
 from core.pool import capacity_message
 from core.registry import ModelStatus, Registered
 from server.runtime.errors import InvalidRequestError, LoadError, NotFoundError
@@ -118,6 +118,8 @@ class Management:
         check = validate_slots(spec.slots)
         if isinstance(check, Invalid):
             raise InvalidRequestError(check.reason, check.message)
+        if self.config.kind is RuntimeKind.ORIGINAL and spec.slots != 1:
+            raise InvalidRequestError(Reason.SLOTS_REQUIRE_PARALLEL, SLOTS_REQUIRE_PARALLEL_MESSAGE)
         now = self.clock.now()
         registered = self.core.register(spec.id, spec.slots, spec.memory_bytes, now)
         if isinstance(registered, Registered):
@@ -136,6 +138,9 @@ class Management:
         keeps the old working pool. After commit the old pool is torn down and the
         new one loaded; a failure then leaves the new configuration unloaded.
         """
+        check = validate_slots(spec.slots)
+        if isinstance(check, Invalid):  # before any lease: an invalid count changes nothing
+            raise InvalidRequestError(check.reason, check.message)
         async with self.manage(spec.id) as lease:
             old = self.specs[spec.id]
             if spec == old:

@@ -33,7 +33,7 @@ from core.admission import Granted, Queued, Rejected, Wakeups
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
-from core.policy import model_ceiling, ms_to_seconds, resolve_busy_timeout
+from core.policy import RuntimeKind, model_ceiling, ms_to_seconds, resolve_busy_timeout
 from core.pool import (
     CreateClone,
     CreatePrimary,
@@ -61,6 +61,7 @@ class RuntimeConfig:
     memory_budget: int = 0
     max_queue: int | None = None
     idle_unload_ms: int = 0
+    kind: RuntimeKind = RuntimeKind.PARALLEL
 
 
 @attrs.frozen
@@ -101,12 +102,13 @@ class Runtime(Management):
         *,
         clock: Clock | None = None,
         trace: Callable[[TraceRecord], None] | None = None,
+        choose: Callable[[Sequence[int]], int] | None = None,
     ) -> None:
         self.provider = provider
         self.config = config or RuntimeConfig()
         self.clock: Clock = clock or SystemClock()
         limits = ResidencyLimits(self.config.max_loaded_models, self.config.memory_budget)
-        self.core = Core(limits, max_queue=self.config.max_queue, sink=trace)
+        self.core = Core(limits, max_queue=self.config.max_queue, sink=trace, kind=self.config.kind, choose=choose)
         self.specs: dict[str, ModelSpec] = {}
         self.pools: dict[str, LivePool] = {}
         self.waits = WaitTable()
@@ -127,6 +129,7 @@ class Runtime(Management):
                         "max_loaded_models": self.config.max_loaded_models,
                         "memory_budget": self.config.memory_budget,
                         "max_queue": self.config.max_queue,
+                        "runtime": self.config.kind.value,
                     },
                 )
             )

@@ -187,3 +187,45 @@ def test_runtime_runs_under_anyio_backends(backend: str) -> None:
     results = anyio.run(main, backend=backend)
     assert len(results) == 4
     assert len({r["session"] for r in results}) == 2
+
+
+def test_original_runtime_serializes_on_one_lock_and_one_session() -> None:
+    from core.policy import RuntimeKind
+
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> list[Any]:
+        results: list[Any] = []
+
+        async def one(at: float) -> None:
+            await clock.sleep_until(at)
+            results.append((await rt.run("m", {"duration": 1.0}), clock.now()))
+
+        async with trio.open_nursery() as n:
+            for i in range(3):
+                n.start_soon(one, 0.01 * i)
+            await clock.sleep_until(0.5)
+            assert rt.status_of("m").active_slots == 1
+            assert rt.status_of("m").queued_requests == 2
+        return results
+
+    config = RuntimeConfig(busy_timeout_ms=0, kind=RuntimeKind.ORIGINAL)
+    results, rt, fp = simulate(body, specs=[ModelSpec("m", "fake")], config=config)
+    assert len({r["session"] for r, _ in results}) == 1, "one session per model"
+    ends = sorted(t for _, t in results)
+    assert ends[1] - ends[0] >= 1.0 and ends[2] - ends[1] >= 1.0, "one at a time"
+
+
+def test_original_runtime_rejects_explicit_slots_on_registration() -> None:
+    from core.policy import RuntimeKind
+    from server.runtime import InvalidRequestError
+
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> str:
+        try:
+            await rt.register(ModelSpec("new", "fake", slots=2))
+        except InvalidRequestError as exc:
+            return exc.message
+        return "accepted"
+
+    config = RuntimeConfig(busy_timeout_ms=0, kind=RuntimeKind.ORIGINAL)
+    message, rt, fp = simulate(body, config=config, specs=[ModelSpec("m", "fake")])
+    assert "slots requires --parallel-jobs" in message
+    assert "new" not in rt.specs
