@@ -57,6 +57,7 @@ class FakeWeights:
     model: str
     revision: str
     alive: bool = True
+    sessions: int = 0  # live sessions built on these weights (a probe's weights differ from the pool's)
 
 
 @attrs.define(eq=False)
@@ -162,7 +163,7 @@ class FakeProvider:
     async def release(self, spec: ModelSpec, factory: SessionFactory) -> None:
         assert isinstance(factory, FakeFactory)
         await self._sleep(factory.script.release_time)
-        if self.live_sessions.get(spec.id, 0) > 0:
+        if factory.weights.sessions > 0:
             self.premature.append(f"weights of '{spec.id}' freed with live sessions")
         factory.weights.alive = False
         self.live_weights[spec.id] -= 1
@@ -172,6 +173,7 @@ class FakeProvider:
         interfaces = frozenset(Interface(i) for i in factory.script.interfaces)
         model = factory.spec.id
         self.live_sessions[model] = self.live_sessions.get(model, 0) + 1
+        factory.weights.sessions += 1
         return FakeSession(next(self._sid), factory.family, factory.task, factory.mode, interfaces, factory.weights)
 
     async def create(self, factory: SessionFactory) -> Session:
@@ -202,6 +204,7 @@ class FakeProvider:
             self.premature.append(f"session {session.sid} closed after its weights")
         session.closed = True
         self.live_sessions[session.weights.model] -= 1
+        session.weights.sessions -= 1
 
     def _check(self, session: Session) -> FakeSession:
         assert isinstance(session, FakeSession)

@@ -12,6 +12,8 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     memory_budget = 0
     max_queue = 8               # optional request queue bound
     idle_unload_ms = 0
+    runtime = "parallel"        # or "original": reconfigure/register with
+                                # an explicit slots is then refused (§8.9)
 
     [[models]]                  # one table per fake model
     id = "m"
@@ -28,7 +30,7 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     at = 0.0
     do = "request"              # request | stream | batch | load | unload |
                                 # reconfigure | register | bulk_unload |
-                                # disconnect | shutdown | fault
+                                # disconnect | shutdown | fault | status
     id = "r1"                   # names the action for expectations
     model = "m"
     duration = 5.0              # request/batch item run time
@@ -43,6 +45,12 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     ids = ["a", "b"]            # bulk_unload selection (omit: all)
     target = "r1"               # disconnect: the action whose client leaves
     set = { fail_loads = 1 }    # fault: FakeScript fields to change on model
+                                # status: reads the model's /v1/models row at
+                                # once (never waits); its result is that row
+                                # (state, loaded, slots, active_slots,
+                                # queued_requests, queued_management,
+                                # max_parallel_slots, generation); without
+                                # a model: { models = [every row] }
 
     [[expect]]                  # per-action outcome
     id = "r1"
@@ -51,6 +59,8 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     message = "slots exceeded"  # substring of the error message (optional)
     revision = "rev1"           # the revision the run reported (optional)
     session_distinct_from = ["r2"]  # ran on a different session than these
+    result = { loaded = false }     # subset of the action's result (a status
+                                    # row, a bulk_unload's unloaded/not_found)
 
     [[order]]                   # completion order constraints
     first = "r1"
@@ -73,7 +83,10 @@ from typing import Any
 import attrs
 
 ACTIONS = frozenset(
-    {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "bulk_unload", "disconnect", "shutdown", "fault"}
+    {
+        "request", "stream", "batch", "load", "unload", "reconfigure", "register", "bulk_unload", "disconnect",
+        "shutdown", "fault", "status",
+    }
 )
 OUTCOMES = frozenset({"ok", "busy", "error", "not_found", "invalid", "cancelled"})
 MODEL_KEYS = frozenset({"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"})
@@ -110,6 +123,7 @@ class Expect:
     message: str | None = None
     revision: str | None = None
     session_distinct_from: Sequence[str] = ()
+    result: Mapping[str, Any] | None = None
 
 
 @attrs.frozen
@@ -154,7 +168,7 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
         model = a.get("model", "")
         if do in {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "fault"} and not model:
             raise ScenarioError(f"action {i} ({do}) needs a model")
-        if model and model not in ids and do not in {"register", "request", "unload"}:
+        if model and model not in ids and do not in {"register", "request", "unload", "status"}:
             raise ScenarioError(f"action {i}: unknown model {model!r}")
         params = {k: v for k, v in a.items() if k not in {"at", "do", "id", "model"}}
         actions.append(Action(float(a.get("at", 0.0)), do, str(a.get("id", f"{do}{i}")), model, params))
@@ -175,6 +189,7 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
                 message=e.get("message"),
                 revision=e.get("revision"),
                 session_distinct_from=tuple(e.get("session_distinct_from", ())),
+                result=dict(e["result"]) if "result" in e else None,
             )
         )
     order = []
@@ -218,7 +233,7 @@ def dump(s: Scenario) -> str:
         lines.append("")
     for e in s.expect:
         lines += ["[[expect]]", f"id = {_toml(e.id)}"]
-        for key in ("outcome", "reason", "message", "revision"):
+        for key in ("outcome", "reason", "message", "revision", "result"):
             if getattr(e, key) is not None:
                 lines.append(f"{key} = {_toml(getattr(e, key))}")
         lines.append("")
