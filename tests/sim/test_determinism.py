@@ -60,3 +60,18 @@ def test_different_seeds_explore_different_interleavings() -> None:
         digests.add(_digest(result.trace_text()))
     print(f"distinct traces over 100 seeds: {len(digests)}")
     assert len(digests) > 1
+
+
+def test_original_runtime_hands_the_lock_to_a_seeded_choice() -> None:
+    """No FIFO on the original runtime: seeds give different hand-off orders, all legal."""
+    from sim.runner import check_expectations, run_scenario
+    from sim.scenario import load
+
+    scenario = load(ROOT / "scenarios" / "original_runtime_one_lock.toml")
+    orders = set()
+    for seed in range(12):
+        result = run_scenario(scenario, seed)
+        assert check_expectations(scenario, result) == [], seed
+        done = sorted(("a", "b", "unload"), key=lambda i: result.outcomes[i].ended)
+        orders.add(tuple(done))
+    assert len(orders) > 1, "the lock hand-off must not be FIFO on the original runtime"
