@@ -180,9 +180,13 @@ class NumpyBackend:
         return np.ascontiguousarray(y)
 
     def layer_norm(self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5) -> Array:
-        mean = np.mean(x, axis=-1, keepdims=True)
+        # np.mean's own steps without its Python overhead (~20 us a call on small rows)
+        n = np.intp(x.shape[-1])
+        mean = np.add.reduce(x, axis=-1, keepdims=True)
+        np.true_divide(mean, n, out=mean, casting="unsafe")
         centered = x - mean
-        var = np.mean(centered * centered, axis=-1, keepdims=True)
+        var = np.add.reduce(centered * centered, axis=-1, keepdims=True)
+        np.true_divide(var, n, out=var, casting="unsafe")
         y = centered / np.sqrt(var + np.float32(eps))
         if gamma is not None:
             y = y * gamma
@@ -257,8 +261,15 @@ class NumpyBackend:
         scores = np.matmul(q, np.swapaxes(k, -1, -2))
         scores *= s
         if mask is not None:
-            scores = scores + mask
-        return np.matmul(self.softmax(scores, axis=-1), v)
+            if np.broadcast_shapes(scores.shape, np.shape(mask)) == scores.shape:
+                scores += mask
+            else:
+                scores = scores + mask
+        # softmax in place on our own score buffer (same operations as ``softmax``)
+        scores -= np.max(scores, axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= np.sum(scores, axis=-1, keepdims=True)
+        return np.matmul(scores, v)
 
 
 @functools.cache
@@ -271,7 +282,7 @@ def _lstm_gate_scale(hid: int) -> np.ndarray:
 
 
 _CHUNK = 1 << 16  # elements per elementwise chunk (fits L2)
-_ATTENTION_BLOCK = 1 << 21  # score elements per query block (~8 MB)
+_ATTENTION_BLOCK = 1 << 20  # score elements per query block (4 MB, about L2)
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -342,8 +353,8 @@ def _conv1d(
     dilation: int,
     groups: int,
 ) -> np.ndarray:
-    """Conv1d as im2col GEMMs over time tiles (no padded copy, no full-size column matrix,
-    bias folded into the GEMM).
+    """Conv1d as im2col GEMMs over time tiles (no padded copy, no full-size column matrix;
+    on long outputs the bias rides in the GEMM).
 
     Depthwise convs (one input channel per group) are K shifted multiply-adds instead.
     """
@@ -362,16 +373,25 @@ def _conv1d(
         if b is not None:
             y += b[None, :, None]
         return np.ascontiguousarray(y, dtype=x.dtype)
+    if k == 1 and stride == 1 and padding == 0 and groups == 1:  # pointwise: no im2col
+        y = np.matmul(w[:, :, 0], x)
+        if b is not None:
+            y += b[:, None]
+        return y
     c_out_g = c_out // groups
     rows = c_in_g * k
     tile = max(64, min(t_out, _COLS_BYTES // (x.itemsize * rows)))
     y = np.empty((batch, c_out, t_out), dtype=x.dtype)
-    # rows ordered (input channel, tap), then a row of ones that multiplies the bias
-    cols = np.empty((rows + (b is not None), tile), dtype=x.dtype)
+    # Long outputs fold the bias into the GEMM (a row of ones times a bias column);
+    # short ones add it afterwards rather than copy the weights for it.
+    fold = b is not None and t_out >= 2 * rows
+    # rows ordered (input channel, tap), then the ones row if folding
+    cols = np.empty((rows + fold, tile), dtype=x.dtype)
     cols[rows:] = 1
     cols3 = cols[:rows].reshape(c_in_g, k, tile)
     w2 = w.reshape(groups, c_out_g, rows)
-    if b is not None:
+    if fold:
+        assert b is not None
         w2 = np.concatenate([w2, b.reshape(groups, c_out_g, 1).astype(w.dtype)], axis=2)
     for bi in range(batch):
         for g in range(groups):
@@ -390,7 +410,10 @@ def _conv1d(
                     if hi > lo:
                         start = (t0 + lo) * stride + off
                         dst[:, lo:hi] = xg[:, start : start + (hi - lo - 1) * stride + 1 : stride]
-                np.matmul(w2[g], cols[:, :n], out=y[bi, g * c_out_g : (g + 1) * c_out_g, t0 : t0 + n])
+                out = y[bi, g * c_out_g : (g + 1) * c_out_g, t0 : t0 + n]
+                np.matmul(w2[g], cols[:, :n], out=out)
+                if b is not None and not fold:
+                    out += b[g * c_out_g : (g + 1) * c_out_g, None]
     return y
 
 
@@ -416,7 +439,9 @@ def _conv_transpose1d_polyphase(
     taps = k // stride
     frames = t_in + taps - 1  # output frames of `stride` samples, before cropping
     y = np.empty((batch, c_out_g * groups, t_out), dtype=x.dtype)
-    full = np.zeros((c_out_g, frames * stride + output_padding), dtype=x.dtype)
+    # whole frames (plus zero frames for output_padding); `full` is a view of it
+    framed = np.zeros((c_out_g, frames + -(-output_padding // stride), stride), dtype=x.dtype)
+    full = framed.reshape(c_out_g, -1)
     phases = np.empty((c_out_g, stride, frames), dtype=x.dtype)
     for g in range(groups):
         # [Cout_g * K, Cin_g]: rows ordered (output channel, tap)
@@ -429,7 +454,7 @@ def _conv_transpose1d_polyphase(
             phases[:, :, t_in:] = 0
             for m in range(1, taps):
                 phases[:, :, m : m + t_in] += c4[:, m]
-            full[:, : frames * stride].reshape(c_out_g, frames, stride)[...] = phases.transpose(0, 2, 1)
+            framed[:, :frames] = phases.transpose(0, 2, 1)
             out = y[bi, g * c_out_g : (g + 1) * c_out_g]
             if bg is None:
                 out[...] = full[:, padding : padding + t_out]

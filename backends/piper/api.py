@@ -1,0 +1,91 @@
+"""Request and result types of the Piper text-to-speech task, and the WAV/PCM helpers."""
+
+from __future__ import annotations
+
+import io
+import wave
+from typing import Any
+
+import attrs
+import numpy as np
+
+DEFAULT_SEED = 0
+"""Noise seed of requests that give none, so repeating a request repeats its audio."""
+
+_MAX_WAV_VALUE = 32767.0
+
+
+def _finite_nonneg(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+@attrs.frozen
+class PiperRequest:
+    """One synthesis. Unset scales take the voice config's values (noise 0.667, length 1, noise_w 0.8).
+
+    ``normalize_audio`` and ``volume`` are piper's output stage (peak-normalise each
+    sentence, scale, clip to [-1, 1]); ``seed`` seeds this request's own RNG.
+    """
+
+    text: str
+    noise_scale: float | None = attrs.field(default=None, validator=_finite_nonneg)
+    length_scale: float | None = attrs.field(default=None, validator=_finite_nonneg)
+    noise_w: float | None = attrs.field(default=None, validator=_finite_nonneg)
+    seed: int | None = None
+    speaker: int | None = None
+    normalize_audio: bool = True
+    volume: float = attrs.field(default=1.0, validator=_finite_nonneg)
+
+    def __attrs_post_init__(self) -> None:
+        if self.length_scale == 0:
+            raise ValueError("length_scale must be > 0")
+        if self.seed is not None and not (0 <= self.seed < 2**64):
+            raise ValueError("seed must be an integer in [0, 2**64)")
+
+
+@attrs.frozen(eq=False)
+class PiperChunk:
+    """The audio of one sentence (one streamed chunk)."""
+
+    index: int
+    phonemes: tuple[str, ...]
+    phoneme_ids: tuple[int, ...]
+    audio: np.ndarray
+    sample_rate: int
+
+    def pcm16(self) -> bytes:
+        return pcm16_bytes(self.audio)
+
+
+@attrs.frozen(eq=False)
+class PiperResult:
+    """A whole request: the sentences' audio concatenated, and the chunks themselves."""
+
+    audio: np.ndarray
+    sample_rate: int
+    chunks: tuple[PiperChunk, ...]
+
+    @property
+    def duration_s(self) -> float:
+        return self.audio.size / self.sample_rate
+
+    def wav_bytes(self) -> bytes:
+        return wav_bytes(self.audio, self.sample_rate)
+
+
+def pcm16_bytes(audio: np.ndarray) -> bytes:
+    """float [-1, 1] -> little-endian int16 PCM, converted as piper does (clip, truncate)."""
+    scaled = np.clip(audio * _MAX_WAV_VALUE, -_MAX_WAV_VALUE, _MAX_WAV_VALUE)
+    return scaled.astype("<i2").tobytes()
+
+
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    """A mono 16-bit WAV file of ``audio``."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(sample_rate)
+        wav.writeframes(pcm16_bytes(audio))
+    return buf.getvalue()

@@ -1,0 +1,71 @@
+"""VITS inference for one sentence: phoneme ids -> float32 audio (the ONNX graph's function).
+
+``PiperModel`` holds only immutable things (backend, device weights, config), so
+any number of sessions can share one. Noise comes from the caller's RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from backends.base import Array, ArrayBackend
+from backends.piper.duration import log_durations
+from backends.piper.flow import flow_reverse
+from backends.piper.generator import generate
+from backends.piper.loader import Hyper, VoiceConfig
+from backends.piper.text_encoder import encode
+
+
+@attrs.frozen(eq=False)
+class Synthesis:
+    """Audio of one sentence plus the frame count per phoneme id (its alignment)."""
+
+    audio: np.ndarray
+    durations: np.ndarray
+
+
+@attrs.frozen(eq=False)
+class PiperModel:
+    """Shared, immutable: the backend, the weights uploaded once, the voice config."""
+
+    backend: ArrayBackend
+    weights: Mapping[str, Array]
+    config: VoiceConfig
+    hyper: Hyper = attrs.field(factory=Hyper)
+
+    def synthesize_ids(
+        self,
+        phoneme_ids: np.ndarray,
+        noise_scale: float,
+        length_scale: float,
+        noise_w: float,
+        rng: np.random.Generator,
+    ) -> Synthesis:
+        """Same inputs as the ONNX model (ids and scales); noise drawn from ``rng``."""
+        be, w, h = self.backend, self.weights, self.hyper
+        ids = np.asarray(phoneme_ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("no phoneme ids")
+        if ids.min() < 0 or ids.max() >= h.n_vocab:
+            raise ValueError(f"phoneme ids must be in [0, {h.n_vocab})")
+        t = int(ids.size)
+        x, m, logs = encode(be, w, h, ids)
+        dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(noise_w)
+        logw = log_durations(be, w, h, x, dp_noise)
+        durations = np.ceil(np.exp(logw) * np.float32(length_scale)).astype(np.int64)
+        frames = max(int(durations.sum()), 1)
+        if durations.sum() > 0:
+            index = np.repeat(np.arange(t), durations)
+            m = be.take(m, index, 2)
+            logs = be.take(logs, index, 2)
+        else:  # no phoneme got a frame: the path matrix is all zero
+            m = be.zeros((1, h.inter, 1))
+            logs = be.zeros((1, h.inter, 1))
+        noise = be.to_device(rng.standard_normal((1, h.inter, frames), dtype=np.float32))
+        z_p = be.add(m, be.scale(be.mul(noise, be.exp(logs)), noise_scale))
+        z = flow_reverse(be, w, h, z_p)
+        audio = be.to_host(generate(be, w, h, z)).reshape(-1)
+        return Synthesis(audio=audio.astype(np.float32, copy=False), durations=durations)

@@ -1,0 +1,187 @@
+"""Piper TTS: voxpool's numpy VITS against piper-tts (onnxruntime), same text, same threads.
+
+Each row synthesises one text end to end (phonemes, model, piper's output stage)
+through the public API of each side: ``PiperSession.run`` and
+``PiperVoice.synthesize``. Both use noise_w = 0 so they place the very same
+frames (the duration noise of onnxruntime is not seedable) and do the same work;
+noise_scale stays at the voice's 0.667. ``rtf`` = compute time / audio duration,
+``ratio`` = numpy time / onnxruntime time; ``cpu_ms``/``cpu_ratio`` the same in
+process CPU time, steadier on a shared machine. Runs alternate between the two. ``--profile`` adds where the numpy
+time goes (text encoder, duration predictor, flow, HiFi-GAN generator).
+Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "piper"
+TEXTS = {
+    "short (1 sentence)": "Hello world, this is a test.",
+    "medium (1 sentence)": "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "paragraph (3 sentences)": (
+        "Piper is a fast, local neural text to speech system. It sounds great. "
+        "This paragraph has three sentences, so it is synthesised in three chunks."
+    ),
+}
+
+
+@contextmanager
+def _blas_threads(threads: int) -> Iterator[None]:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide
+        yield
+        return
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
+
+
+def _interleaved(
+    fns: tuple[Callable[[], float], Callable[[], float]], repeats: int
+) -> list[tuple[float, float, float]]:
+    """Per function: (median wall s, median CPU s, audio s). Runs alternate A, B, A, B...
+    so both sides see the same machine load; one warm-up run each first."""
+    walls: list[list[float]] = [[], []]
+    cpus: list[list[float]] = [[], []]
+    audio = [fn() for fn in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0, c0 = time.perf_counter(), time.process_time()
+            audio[i] = fn()
+            walls[i].append(time.perf_counter() - t0)
+            cpus[i].append(time.process_time() - c0)
+    return [(statistics.median(walls[i]), statistics.median(cpus[i]), audio[i]) for i in range(2)]
+
+
+def _root_first() -> None:
+    """Import the project's packages, not bench/core.py (the script's folder is on sys.path)."""
+    if sys.path[:1] != [str(ROOT)]:
+        sys.path.insert(0, str(ROOT))
+
+
+def _piper_voice(threads: int) -> Any:
+    import onnxruntime as ort
+    from piper.config import PiperConfig
+    from piper.voice import PiperVoice
+
+    from backends.piper.loader import voice_paths
+
+    onnx_path, json_path = voice_paths()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    config = PiperConfig.from_dict(json.loads(json_path.read_text(encoding="utf-8")))
+    return PiperVoice(session=session, config=config)
+
+
+def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
+    """Both runtimes side by side; one row per (impl, input)."""
+    _root_first()
+    from piper.config import SynthesisConfig
+
+    from backends.piper import PiperRequest, load_factory
+
+    session = load_factory().create()
+    voice = _piper_voice(threads)
+    syn = SynthesisConfig(noise_w_scale=0.0)
+    rate = int(voice.config.sample_rate)
+    rows: list[dict[str, object]] = []
+    with _blas_threads(threads):
+        for label, text in TEXTS.items():
+            request = PiperRequest(text, noise_w=0.0, seed=0)
+
+            def ours(request: PiperRequest = request) -> float:
+                return float(session.run(request).duration_s)
+
+            def peer(text: str = text) -> float:
+                samples = sum(int(c.audio_float_array.size) for c in voice.synthesize(text, syn))
+                return samples / rate
+
+            (np_s, np_cpu, np_audio), (ort_s, ort_cpu, ort_audio) = _interleaved(
+                (ours, peer), repeats
+            )
+            for impl, sec, cpu, audio_s in (
+                ("voxpool-numpy", np_s, np_cpu, np_audio),
+                ("piper-tts/onnxruntime", ort_s, ort_cpu, ort_audio),
+            ):
+                rows.append(
+                    {
+                        "model": MODEL,
+                        "impl": impl,
+                        "input": f"{label}, {audio_s:.2f} s audio",
+                        "median_ms": round(sec * 1e3, 1),
+                        "rtf": round(sec / audio_s, 4),
+                        "ratio": round(sec / ort_s, 3),
+                        "cpu_ms": round(cpu * 1e3, 1),
+                        "cpu_ratio": round(cpu / ort_cpu, 3),
+                        "threads": threads,
+                    }
+                )
+    return rows
+
+
+def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
+    """Median ms per model stage of the numpy implementation on the paragraph text."""
+    _root_first()
+    from backends.piper import PiperRequest, load_factory
+    from backends.piper import model as piper_model
+
+    stages = ("encode", "log_durations", "flow_reverse", "generate")
+    spent: dict[str, list[float]] = {s: [] for s in (*stages, "total")}
+    originals = {s: getattr(piper_model, s) for s in stages}
+    current: dict[str, float] = {}
+
+    def timed(name: str) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = originals[name](*args, **kwargs)
+            current[name] = current.get(name, 0.0) + time.perf_counter() - t0
+            return out
+
+        return run
+
+    session = load_factory().create()
+    request = PiperRequest(TEXTS["paragraph (3 sentences)"], noise_w=0.0, seed=0)
+    try:
+        for s in stages:
+            setattr(piper_model, s, timed(s))
+        with _blas_threads(threads):
+            session.run(request)
+            for _ in range(repeats):
+                current.clear()
+                t0 = time.perf_counter()
+                session.run(request)
+                current["total"] = time.perf_counter() - t0
+                for s in spent:
+                    spent[s].append(current.get(s, 0.0))
+    finally:
+        for s in stages:
+            setattr(piper_model, s, originals[s])
+    return {s: round(statistics.median(v) * 1e3, 1) for s, v in spent.items()}
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in keys}
+    lines = [" | ".join(k.ljust(widths[k]) for k in keys)]
+    lines.append("-+-".join("-" * widths[k] for k in keys))
+    lines += [" | ".join(str(r[k]).ljust(widths[k]) for k in keys) for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n_threads = int(args[0]) if args else 1
+    print(_table(bench(threads=n_threads)))
+    if "--profile" in sys.argv:
+        print(f"\nnumpy stages, ms (paragraph, {n_threads} thread(s)):", profile(threads=n_threads))

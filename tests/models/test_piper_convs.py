@@ -1,0 +1,165 @@
+"""The numpy backend's conv ops (tiled im2col, depthwise, polyphase transposed) against
+their definitions, over the shapes Piper uses and random ones (stride, dilation, groups,
+padding, output_padding, batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import backends.numpy_backend as nb
+
+BE = nb.NumpyBackend()
+TOL = 1e-4  # float32 sums in a different order; values are O(1) to O(10)
+
+
+def _conv1d_ref(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    stride: int,
+    padding: int,
+    dilation: int,
+    groups: int,
+) -> np.ndarray:
+    batch, c_in, t_in = x.shape
+    c_out, c_in_g, k = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (padding, padding)))
+    t_out = (t_in + 2 * padding - dilation * (k - 1) - 1) // stride + 1
+    y = np.zeros((batch, c_out, t_out))
+    c_out_g = c_out // groups
+    for o in range(c_out):
+        g = o // c_out_g
+        for kk in range(k):
+            seg = xp[:, g * c_in_g : (g + 1) * c_in_g, kk * dilation :: stride][:, :, :t_out]
+            y[:, o] += np.einsum("bit,i->bt", seg, w[o, :, kk].astype(np.float64))
+    if b is not None:
+        y += b[None, :, None]
+    return y
+
+
+def _conv_transpose1d_ref(
+    x: np.ndarray,
+    w: np.ndarray,
+    b: np.ndarray | None,
+    stride: int,
+    padding: int,
+    output_padding: int,
+    dilation: int,
+    groups: int,
+) -> np.ndarray:
+    batch, c_in, t_in = x.shape
+    _, c_out_g, k = w.shape
+    c_in_g = c_in // groups
+    full = np.zeros(
+        (batch, c_out_g * groups, (t_in - 1) * stride + dilation * (k - 1) + 1 + output_padding)
+    )
+    for i in range(c_in):
+        g = i // c_in_g
+        for t in range(t_in):
+            for kk in range(k):
+                pos = t * stride + kk * dilation
+                full[:, g * c_out_g : (g + 1) * c_out_g, pos] += x[:, i, t, None] * w[i, :, kk]
+    t_out = (t_in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
+    y = full[:, :, padding : padding + t_out]
+    return y + (b[None, :, None] if b is not None else 0)
+
+
+def _cases(rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    while len(out) < n:
+        groups = int(rng.choice([1, 1, 2, 3]))
+        c_in_g, c_out_g = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        k, d, s, p = (
+            int(rng.integers(1, 8)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(1, 4)),
+            int(rng.integers(0, 6)),
+        )
+        batch, t = int(rng.integers(1, 3)), int(rng.integers(1, 120))
+        if (t + 2 * p - d * (k - 1) - 1) // s + 1 > 0:
+            out.append((groups, c_in_g, c_out_g, k, d, s, p, batch, t))
+    return out
+
+
+@pytest.mark.parametrize("tile_bytes", [256, 1 << 21])
+def test_conv1d_matches_its_definition(tile_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nb, "_COLS_BYTES", tile_bytes)  # many small tiles, then one
+    rng = np.random.default_rng(0)
+    for groups, c_in_g, c_out_g, k, d, s, p, batch, t in _cases(rng, 150):
+        x = rng.standard_normal((batch, c_in_g * groups, t), dtype=np.float32)
+        w = rng.standard_normal((c_out_g * groups, c_in_g, k), dtype=np.float32)
+        b = rng.standard_normal(c_out_g * groups, dtype=np.float32) if rng.random() < 0.7 else None
+        y = BE.conv1d(x, w, b, s, p, d, groups)
+        assert y.dtype == np.float32
+        np.testing.assert_allclose(y, _conv1d_ref(x, w, b, s, p, d, groups), atol=TOL, rtol=TOL)
+        # depthwise (one input channel per group), as the duration predictor uses
+        c = c_in_g + 1
+        wd = rng.standard_normal((c, 1, k), dtype=np.float32)
+        xd = rng.standard_normal((batch, c, t), dtype=np.float32)
+        np.testing.assert_allclose(
+            BE.conv1d(xd, wd, None, s, p, d, c),
+            _conv1d_ref(xd, wd, None, s, p, d, c),
+            atol=TOL,
+            rtol=TOL,
+        )
+
+
+def test_conv1d_long_output_folds_the_bias() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 8, 3000), dtype=np.float32)  # t_out >= 2 * rows: bias in the GEMM
+    w = rng.standard_normal((8, 8, 7), dtype=np.float32)
+    b = rng.standard_normal(8, dtype=np.float32)
+    np.testing.assert_allclose(
+        BE.conv1d(x, w, b, 1, 9, 3), _conv1d_ref(x, w, b, 1, 9, 3, 1), atol=TOL, rtol=TOL
+    )
+
+
+def test_conv_transpose1d_matches_its_definition() -> None:
+    rng = np.random.default_rng(2)
+    checked_polyphase = 0
+    for _ in range(150):
+        groups = int(rng.choice([1, 1, 2]))
+        c_in_g, c_out_g = int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        s = int(rng.integers(1, 5))
+        k = s * int(rng.integers(1, 4)) if rng.random() < 0.8 else int(rng.integers(1, 9))
+        d = 1 if rng.random() < 0.8 else 2
+        p = int(rng.integers(0, k))
+        op = int(rng.integers(0, s)) if rng.random() < 0.4 else 0
+        batch, t = int(rng.integers(1, 3)), int(rng.integers(1, 60))
+        if (t - 1) * s - 2 * p + d * (k - 1) + op + 1 <= 0:
+            continue
+        checked_polyphase += d == 1 and k % s == 0
+        x = rng.standard_normal((batch, c_in_g * groups, t), dtype=np.float32)
+        w = rng.standard_normal((c_in_g * groups, c_out_g, k), dtype=np.float32)
+        b = rng.standard_normal(c_out_g * groups, dtype=np.float32) if rng.random() < 0.7 else None
+        y = BE.conv_transpose1d(x, w, b, s, p, op, d, groups)
+        ref = _conv_transpose1d_ref(x, w, b, s, p, op, d, groups)
+        np.testing.assert_allclose(y, ref, atol=TOL, rtol=TOL)
+    assert checked_polyphase > 80
+
+
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "k", "s", "t"), [(256, 128, 16, 8, 9), (64, 32, 8, 4, 40)]
+)
+def test_conv_transpose1d_on_piper_upsampling_shapes(
+    c_in: int, c_out: int, k: int, s: int, t: int
+) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, c_in, t), dtype=np.float32)
+    w = rng.standard_normal((c_in, c_out, k), dtype=np.float32) * 0.1
+    b = rng.standard_normal(c_out, dtype=np.float32)
+    y = BE.conv_transpose1d(x, w, b, s, (k - s) // 2)
+    assert y.shape == (1, c_out, t * s)
+    np.testing.assert_allclose(
+        y, _conv_transpose1d_ref(x, w, b, s, (k - s) // 2, 0, 1, 1), atol=TOL, rtol=TOL
+    )
+
+
+def test_leaky_relu_keeps_its_definition() -> None:
+    x = np.array([-2.0, -0.0, 0.0, 3.0, np.nan, -1e30], dtype=np.float32)
+    for slope in (0.1, 0.01, 0.0, 1.0, 2.0, -0.5):
+        ref = np.where(x >= 0, x, x * np.float32(slope))
+        y = BE.leaky_relu(x, slope)
+        np.testing.assert_array_equal(y, ref)
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))

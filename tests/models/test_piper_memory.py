@@ -1,0 +1,63 @@
+"""16 Piper sessions hold one copy of the weights; each adds only its small private state."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tracemalloc
+from collections.abc import Iterator
+
+import pytest
+from threadpoolctl import threadpool_limits
+
+from backends.piper import PiperRequest, load_factory
+
+SESSIONS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
+    factory = load_factory(mode="streaming")
+    primary = factory.create()
+    request = PiperRequest("Yes.", seed=1)
+    primary.run(request)  # warm-up: lazy imports, espeak-ng, allocator pools
+    gc.collect()
+    rss_before = _rss_bytes()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        clones = [factory.clone(primary) for _ in range(SESSIONS - 1)]
+        streams = [iter(session.stream(request)) for session in clones]
+        for stream in streams:  # each clone holds an open stream and its RNG
+            next(stream)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    rss_growth = _rss_bytes() - rss_before
+
+    shared = factory.model.weights
+    weight_bytes = sum(a.nbytes for a in shared.values())
+    assert weight_bytes > 60_000_000  # ~63 MB of float32 weights
+    for session in [primary, *clones]:
+        assert session.model is factory.model
+        assert session.model.weights is shared
+    per_session = (held - base) / (SESSIONS - 1)
+    print(
+        f"piper: weights {weight_bytes} B once; per-session private {per_session:.0f} B "
+        f"(open stream, last chunk's audio); RSS growth for {SESSIONS - 1} clones {rss_growth} B"
+    )
+    assert per_session < 256 * 1024  # RNG, generator frame, one sentence chunk (~10 kB audio)
+    assert rss_growth < weight_bytes / 4  # 15 more sessions cost far less than a weight copy
+    for session in clones:
+        session.close()
