@@ -30,7 +30,7 @@ FAMILY_TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
 BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"}
 MODES = ("offline", "streaming")
 MAX_JSON_INT = 2**53 - 1
-IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb", "threads"}
+IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb"}
 IGNORED_MODEL = {"config", "weight", "model_spec_override", "live_ingest", "voice_presets", "default_voice_preset"}
 
 
@@ -94,6 +94,7 @@ class ServerConfig:
     idle_unload_ms: int = 0
     memory_budget_mb: int = 0
     max_queue: int | None = None
+    threads: int = 1
     audio_roots: tuple[str, ...] = ()
     runtime: RuntimeKind = RuntimeKind.PARALLEL
     models: tuple[ModelConfig, ...] = ()
@@ -211,7 +212,7 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
     known = {
         "host", "port", "cors_origins", "ui_management", "management_token", "backend", "device", "lazy_load",
         "max_request_body_bytes", "busy_timeout_ms", "max_loaded_models", "idle_unload_ms", "memory_budget_mb",
-        "max_queue", "audio_roots", "models", "frontend_listener", "frontend_options", *IGNORED_TOP,
+        "max_queue", "audio_roots", "models", "threads", "frontend_listener", "frontend_options", *IGNORED_TOP,
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -263,6 +264,7 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         idle_unload_ms=_int(raw, "idle_unload_ms", 0),
         memory_budget_mb=_int(raw, "memory_budget_mb", 0),
         max_queue=max_queue,
+        threads=_int(raw, "threads", 1, minimum=1),
         audio_roots=resolved_roots,
         runtime=runtime,
         models=models,

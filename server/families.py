@@ -70,11 +70,23 @@ def timing(wall_s: float, audio_s: float | None) -> dict[str, Any]:
     return out
 
 
+def require(spec_id: str, mode: str, what: str, allowed_modes: tuple[str, ...]) -> None:
+    """400 unless a model in ``mode`` can serve ``what``."""
+    if mode not in allowed_modes:
+        raise bad(f"model '{spec_id}' is in {mode} mode and cannot serve {what}; register it with mode={allowed_modes[0]}")
+
+
 class TtsAdapter:
-    """piper: text in, 22.05 kHz audio out."""
+    """piper: text in, 22.05 kHz audio out. Streaming needs mode=streaming; batches mode=offline."""
 
     task = "tts"
     VOICES = ("joe", "en_US-joe-medium")
+
+    def check(self, spec_id: str, mode: str, what: str) -> None:
+        if what == "stream":
+            require(spec_id, mode, "streamed responses", ("streaming",))
+        elif what == "batch":
+            require(spec_id, mode, "native batches", ("offline",))
 
     def voices(self) -> list[str]:
         return list(self.VOICES)
@@ -129,10 +141,13 @@ class TtsAdapter:
 
 
 class AsrAdapter:
-    """whisper: 16 kHz audio in, text and segments out."""
+    """whisper: 16 kHz audio in, text and segments out (every mode streams and batches)."""
 
     task = "asr"
     sample_rate = 16000
+
+    def check(self, spec_id: str, mode: str, what: str) -> None:
+        return None
 
     def voices(self) -> list[str]:
         return []
@@ -177,10 +192,13 @@ class AsrAdapter:
 
 
 class VadAdapter:
-    """silero_vad: 16 kHz audio in, speech segments and probabilities out."""
+    """silero_vad: 16 kHz audio in, speech segments and probabilities out (every mode streams and batches)."""
 
     task = "vad"
     sample_rate = 16000
+
+    def check(self, spec_id: str, mode: str, what: str) -> None:
+        return None
 
     def voices(self) -> list[str]:
         return []

@@ -61,6 +61,7 @@ async def speech(request: Request) -> Response:
         stream_format = stream_format or "sse"
         if stream_format not in ("sse", "audio"):
             raise bad("stream_format must be 'sse' or 'audio'")
+        adapter.check(spec.id, spec.mode, "stream")
         return await speech_stream(st, spec.id, req, timeout, stream_format, fmt)
     t0 = time.perf_counter()
     result = await st.runtime.run(spec.id, req, timeout)
@@ -121,7 +122,10 @@ async def audio_input(st: ServerState, body: dict[str, Any], data: bytes | None,
     """The request's audio at ``rate``: an uploaded file, base64, or a server-local path."""
     if data is None:
         if body.get("audio_base64") is not None:
-            data = b64decode(str(body["audio_base64"]))
+            try:
+                data = b64decode(str(body["audio_base64"]))
+            except AudioError as exc:
+                raise bad(str(exc)) from exc
         else:
             path = next((body[k] for k in ("audio_path", "file", "audio") if body.get(k) is not None), None)
             if path is None:

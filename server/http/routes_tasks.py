@@ -65,6 +65,7 @@ async def batch(request: Request) -> Response:
         raise bad(f"at most {MAX_BATCH} requests per batch")
     if not all(isinstance(r, Mapping) for r in raw):
         raise bad("every entry of 'requests' must be an object")
+    st.adapter(spec).check(spec.id, spec.mode, "batch")
     reqs = [await build(st, spec, dict(r)) for r in raw]
     stack = AsyncExitStack()
     try:
@@ -96,6 +97,7 @@ async def stream(request: Request) -> Response:
     sf = body.get("stream_format")
     if sf is not None and sf != "json":
         raise bad("task stream returns one JSON document; stream_format must be omitted or 'json'")
+    st.adapter(spec).check(spec.id, spec.mode, "stream")
     req = await build(st, spec, inner(body))
     stack, chunks = await open_leased_stream(st, spec.id, req, busy_timeout(body))
     events: list[dict[str, Any]] = []
