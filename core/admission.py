@@ -343,13 +343,20 @@ class Admission:
         return max(0.001, self._hold_ewma * rounds)
 
     # --------------------------------------------------------------- internal
-    def _dispatch(self, now: float) -> Wakeups:
-        """Grant from the head of the queue while the head can be served (reference §3.6)."""
+    def _dispatch(self, now: float, *, expire: bool = True) -> Wakeups:
+        """Grant from the head of the queue while the head can be served (reference §3.6).
+
+        With ``expire=False`` a head whose deadline has come blocks instead of
+        expiring: an enqueue cannot hand other waiters' wakeups back to the
+        caller, so the due head is left to the caller's :meth:`expire` call.
+        """
         granted: list[Lease] = []
         expired: list[Expired] = []
         while self._queue:
             head = self._queue[0]
             if head.deadline is not None and now >= head.deadline:
+                if not expire:
+                    break
                 self._remove(head)
                 expired.append(self._expired(head))
                 continue
@@ -379,7 +386,7 @@ class Admission:
             self._queued_requests += 1
         else:
             self._queued_management += 1
-        wakeups = self._dispatch(now)
+        wakeups = self._dispatch(now, expire=False)
         for lease in wakeups.granted:
             if lease.ticket == ticket:
                 return Granted(lease)

@@ -100,7 +100,7 @@ class TraceRecord:
         return json.dumps(
             {
                 "seq": self.seq,
-                "t": round(self.t, 9),
+                "t": self.t,  # full precision: replay compares deadlines (now + timeout) exactly
                 "model": self.model,
                 "event": self.event,
                 "args": dict(self.args),

@@ -95,16 +95,20 @@ class GuardAdmission(Admission):
             return self._grant_slot(ticket, 0, now)
         return self._grant_exclusive(ticket, now)
 
-    def _dispatch(self, now: float) -> Wakeups:
-        """Expire late waiters; if the lock is free, hand it to the chosen waiter."""
+    def _dispatch(self, now: float, *, expire: bool = True) -> Wakeups:
+        """Expire late waiters; if the lock is free, hand it to the chosen waiter.
+
+        ``expire=False`` (an enqueue): late waiters are left for :meth:`expire`
+        and are not candidates.
+        """
         expired: list[Expired] = []
-        for waiter in tuple(self._queue):
+        for waiter in tuple(self._queue) if expire else ():
             if waiter.deadline is not None and now >= waiter.deadline:
                 self._remove(waiter)
                 expired.append(self._expired(waiter))
         granted: list[Lease] = []
-        if self._lock_free() and self._queue:
-            candidates = [w.ticket for w in self._queue]
+        candidates = [w.ticket for w in self._queue if w.deadline is None or now < w.deadline]
+        if self._lock_free() and candidates:
             if self.forced and self.forced[0] in candidates:
                 chosen = self.forced.pop(0)
             else:

@@ -15,6 +15,7 @@ order is a function of the seed as well.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import random
@@ -39,6 +40,7 @@ class _Sleeper:
     seq: int
     event: trio.Event = attrs.field(factory=trio.Event)
     fired: bool = False
+    gone: bool = False  # cancelled before it fired: skipped when it reaches the heap's top
 
 
 class SimClock:
@@ -48,7 +50,9 @@ class SimClock:
         self.rng = rng
         self.mock = mock
         self._now = 0.0
-        self._sleepers: list[_Sleeper] = []
+        # a heap of (deadline, seq, sleeper); cancelled sleepers stay until popped
+        self._sleepers: list[tuple[float, int, _Sleeper]] = []
+        self._live = 0
         self._seq = itertools.count()
         self.wakeups = 0
         self.ties = 0
@@ -61,19 +65,21 @@ class SimClock:
         if math.isinf(deadline):
             await trio.sleep_forever()
         sleeper = _Sleeper(max(deadline, self._now), next(self._seq))
-        self._sleepers.append(sleeper)
+        heapq.heappush(self._sleepers, (sleeper.deadline, sleeper.seq, sleeper))
+        self._live += 1
         try:
             await sleeper.event.wait()
         finally:
             if not sleeper.fired:
-                self._sleepers.remove(sleeper)
+                sleeper.gone = True
+                self._live -= 1
 
     async def sleep(self, seconds: float) -> None:
         await self.sleep_until(self._now + seconds)
 
     def pending(self) -> int:
         """How many sleepers wait for the driver."""
-        return len(self._sleepers)
+        return self._live
 
     async def drive(
         self,
@@ -93,23 +99,33 @@ class SimClock:
             await trio.testing.wait_all_tasks_blocked()
             if on_step is not None:
                 on_step()
-            if not self._sleepers:
+            heap = self._sleepers
+            while heap and heap[0][2].gone:
+                heapq.heappop(heap)
+            if not heap:
                 if on_stall is not None and on_stall():
                     continue
                 return
-            first = min(s.deadline for s in self._sleepers)
+            first = heap[0][0]
             if first > limit:
                 return
-            due = sorted((s for s in self._sleepers if s.deadline == first), key=lambda s: s.seq)
+            due: list[_Sleeper] = []  # every live sleeper due at ``first``, in seq order
+            while heap and heap[0][0] == first:
+                sleeper = heapq.heappop(heap)[2]
+                if not sleeper.gone:
+                    due.append(sleeper)
             if len(due) > 1:
                 self.ties += 1
                 chosen = due[self.rng.randrange(len(due))]
+                for other in due:
+                    if other is not chosen:
+                        heapq.heappush(heap, (other.deadline, other.seq, other))
             else:
                 chosen = due[0]
             if self.mock is not None and first > self._now:
                 self.mock.jump(first - self._now)
             self._now = first
-            self._sleepers.remove(chosen)
+            self._live -= 1
             chosen.fired = True
             self.wakeups += 1
             chosen.event.set()
