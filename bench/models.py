@@ -1,0 +1,73 @@
+"""The three model families against their reference runtimes, side by side, in one run.
+
+    python bench/models.py [--threads N] [--repeats N] [--only vad,piper,whisper]
+
+Each family's bench (bench/model_*.py) measures our numpy backend and the
+peer (onnxruntime for silero_vad and piper, faster-whisper/ctranslate2 for
+whisper) on the same inputs with the same thread count, alternating runs. This
+prints one table: median latency, real-time factor (compute time / audio
+duration) and our/peer ratio per input (goal <= 1.0; a reported figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = {"vad": "model_silero_vad", "piper": "model_piper", "whisper": "model_whisper"}
+OURS = "voxpool-numpy"
+
+
+def load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``ratio`` = our median / this row's median, per (model, input)."""
+    ours = {(r["model"], r["input"]): float(r["median_ms"]) for r in rows if r["impl"] == OURS}
+    out = []
+    for r in rows:
+        mine = ours.get((r["model"], r["input"]))
+        ratio = None if mine is None or r["impl"] == OURS else mine / float(r["median_ms"])
+        out.append({**r, "ratio": ratio})
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"| {'model':<10} | {'input':<28} | {'impl':<24} | {'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
+    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
+    for r in rows:
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(
+            f"| {r['model']:<10} | {str(r['input'])[:28]:<28} | {r['impl']:<24} | "
+            f"{float(r['median_ms']):>10.1f} | {float(r['rtf']):>8.4f} | {ratio:>9} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", default=",".join(FAMILIES))
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    rows: list[dict[str, Any]] = []
+    for key in args.only.split(","):
+        module = load(FAMILIES[key.strip()])
+        rows.extend(module.bench(threads=args.threads, repeats=args.repeats))
+    print(f"threads={args.threads} repeats={args.repeats}")
+    print(table(with_ratios(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
