@@ -258,8 +258,13 @@ class NumpyBackend:
     def _attention_rows(
         self, q: Array, k: Array, v: Array, mask: Array | None, s: np.float32
     ) -> Array:
-        scores = np.matmul(q, np.swapaxes(k, -1, -2))
-        scores *= s
+        if math.frexp(float(s))[0] == 0.5:
+            # a power-of-two scale is exact either way: scale the (T x D) queries
+            # instead of the (T x S) scores
+            scores = np.matmul(q * s, np.swapaxes(k, -1, -2))
+        else:
+            scores = np.matmul(q, np.swapaxes(k, -1, -2))
+            scores *= s
         if mask is not None:
             if np.broadcast_shapes(scores.shape, np.shape(mask)) == scores.shape:
                 scores += mask

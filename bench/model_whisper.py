@@ -1,0 +1,186 @@
+"""Whisper tiny.en: voxpool's numpy backend against faster-whisper (CTranslate2), same inputs.
+
+Every fixture of ``tests/data/whisper`` is transcribed by our numpy session and by
+faster-whisper ``float32`` and ``int8`` (beam 1, temperature 0 only, VAD and word
+timestamps off), all with the same thread count (BLAS via threadpoolctl,
+CTranslate2 ``cpu_threads``). Runs alternate between implementations so load
+drift on a shared machine hits all of them alike. ``rtf`` = compute time / audio
+duration; ``ratio`` = our median / the peer's (``cpu_*``: the same in process CPU
+time, robust to other load on a shared machine). ``--profile`` prints where our
+time goes (encoder, decoder layers, vocabulary projection, host-side rules).
+Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import wave
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "whisper"
+MODEL = "whisper-tiny.en"
+
+
+def _use_repo_root() -> None:
+    """Import the repo's packages (bench/core.py would otherwise shadow ``core``)."""
+    if sys.path[:1] != [str(ROOT)]:
+        sys.path.insert(0, str(ROOT))
+
+
+@contextmanager
+def _blas_threads(threads: int) -> Iterator[None]:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide
+        yield
+        return
+    with threadpool_limits(limits=threads):
+        yield
+
+
+def _fixtures() -> list[tuple[str, np.ndarray]]:
+    out = []
+    for meta in json.loads((DATA / "fixtures.json").read_text()):
+        with wave.open(str(DATA / meta["file"])) as f:
+            pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
+        out.append((meta["name"], pcm.astype(np.float32) / np.float32(32768.0)))
+    return out
+
+
+def _interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per call of each function, alternating the order per pass.
+
+    CPU time (this process, all threads) is reported too: on a shared machine it is
+    far less sensitive to other load than wall time, and with one thread it is the
+    latency an idle machine would show.
+    """
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            w0, c0 = time.perf_counter(), time.process_time()
+            fns[name]()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+    return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in names}
+
+
+def _peer(compute_type: str, threads: int) -> Any:
+    from faster_whisper import WhisperModel
+
+    from backends.whisper.session import default_model_dir
+
+    return WhisperModel(
+        str(default_model_dir()), device="cpu", compute_type=compute_type, cpu_threads=threads
+    )
+
+
+def _peer_run(model: Any, audio: np.ndarray) -> str:
+    segments, _ = model.transcribe(
+        audio, beam_size=1, temperature=[0.0], vad_filter=False, word_timestamps=False
+    )
+    return "".join(s.text for s in segments)
+
+
+def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
+    """One row per (impl, fixture): median latency, RTF and our/peer ratio."""
+    _use_repo_root()
+    from backends.whisper import WhisperRequest, load_factory
+
+    rows: list[dict[str, object]] = []
+    with _blas_threads(threads):
+        session = load_factory().create()
+        peers = {f"faster-whisper-{ct}": _peer(ct, threads) for ct in ("float32", "int8")}
+        for name, audio in _fixtures():
+            seconds = len(audio) / 16000
+            request = WhisperRequest(audio)
+            fns: dict[str, Callable[[], object]] = {
+                "voxpool-numpy": lambda r=request: session.run(r)
+            }
+            for impl, model in peers.items():
+                fns[impl] = lambda m=model, a=audio: _peer_run(m, a)
+            medians = _interleaved(fns, repeats)
+            ours_wall, ours_cpu = medians["voxpool-numpy"]
+            for impl, (wall, cpu) in medians.items():
+                rows.append(
+                    {
+                        "model": MODEL,
+                        "impl": impl,
+                        "input": f"{name} ({seconds:.1f} s)",
+                        "median_ms": round(wall * 1e3, 1),
+                        "rtf": round(wall / seconds, 4),
+                        "ratio": round(ours_wall / wall, 2),  # ours / this impl (1.0 for ours)
+                        "cpu_ms": round(cpu * 1e3, 1),
+                        "cpu_ratio": round(ours_cpu / cpu, 2),
+                        "threads": threads,
+                    }
+                )
+    return rows
+
+
+def profile(threads: int = 1, name: str = "recipe") -> dict[str, float]:
+    """CPU seconds per stage for one fixture: encoder, cross K/V, decoder layers, logits, host."""
+    _use_repo_root()
+    from backends.whisper import WhisperRequest, load_factory, model
+
+    totals: dict[str, float] = {}
+
+    def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            out = fn(*args, **kwargs)
+            totals[key] = totals.get(key, 0.0) + time.process_time() - t0
+            return out
+
+        return wrapper
+
+    audio = dict(_fixtures())[name]
+    with _blas_threads(threads):
+        session = load_factory().create()
+        session.run(WhisperRequest(audio))
+        originals = (model.encode, model.decode, model.logits, model.DecoderState.set_memory)
+        model.encode = timed("encoder", model.encode)
+        model.decode = timed("decoder layers", model.decode)
+        model.logits = timed("vocab projection (logits)", model.logits)
+        model.DecoderState.set_memory = timed("cross K/V projection", model.DecoderState.set_memory)  # type: ignore[method-assign]
+        try:
+            t0 = time.process_time()
+            session.run(WhisperRequest(audio))
+            total = time.process_time() - t0
+        finally:
+            model.encode, model.decode, model.logits, model.DecoderState.set_memory = originals  # type: ignore[method-assign]
+    totals["host: features, rules, argmax, bookkeeping"] = total - sum(totals.values())
+    totals["total"] = total
+    return totals
+
+
+def _print_table(rows: list[dict[str, object]]) -> None:
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in keys}
+    print("  ".join(k.ljust(widths[k]) for k in keys))
+    for row in rows:
+        print("  ".join(str(row[k]).ljust(widths[k]) for k in keys))
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n_threads = int(args[0]) if args else 1
+    if "--profile" in sys.argv:
+        for stage, sec in profile(n_threads).items():
+            print(f"{stage:45s} {sec * 1e3:9.1f} ms")
+    else:
+        _print_table(bench(n_threads))

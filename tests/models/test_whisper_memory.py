@@ -1,0 +1,77 @@
+"""16 Whisper sessions of one factory hold one copy of the weights."""
+
+from __future__ import annotations
+
+import gc
+import os
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from backends.whisper import WhisperRequest, load_factory, model
+
+SESSIONS = 16
+CLIP = Path(__file__).parent.parent / "data" / "whisper" / "short.wav"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    """One BLAS thread: multi-threaded OpenBLAS GEMVs crawl on a loaded 2-core CI machine."""
+    with threadpool_limits(limits=1):
+        yield
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
+    rss_start = _rss_bytes()
+    factory = load_factory()
+    gc.collect()
+    rss_loaded = _rss_bytes()
+    shared = factory.weights.arrays()
+    weight_bytes = sum(a.nbytes for a in shared)
+    assert weight_bytes > 140_000_000  # ~37.8 M float32 parameters
+
+    with wave.open(str(CLIP)) as f:
+        request = WhisperRequest(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2"))
+    primary = factory.create()
+    result = primary.run(request)  # warm-up: allocator pools, lazy imports
+    assert result.segments
+    assert primary.state.cross_v == []  # a finished request leaves no window state behind
+    encoder_out = model.encode(
+        factory.backend, factory.weights, np.zeros((1, 80, 3000), np.float32)
+    )
+    gc.collect()
+    prompt = np.arange(64, dtype=np.int64)[None]
+    rss_before = _rss_bytes()
+    clones = [factory.clone(primary) for _ in range(SESSIONS - 1)]
+    for session in clones:  # every session fills its own caches (a window and 64 positions)
+        session.state.set_memory(encoder_out)
+        model.decode(factory.backend, factory.weights, session.state, prompt)
+    gc.collect()
+    rss_growth = _rss_bytes() - rss_before
+    live_state = clones[0].state.nbytes()
+
+    sessions = [primary, *clones]
+    for session in sessions:
+        assert session.weights is factory.weights
+        assert all(a is b for a, b in zip(session.weights.arrays(), shared, strict=True))
+    state_bytes = primary.state.nbytes()
+    print(
+        f"whisper: weights {weight_bytes / 1e6:.1f} MB once (load RSS +{(rss_loaded - rss_start) / 1e6:.1f} MB); "
+        f"per-session KV cache {state_bytes / 1e6:.1f} MB allocated, {live_state / 1e6:.1f} MB with a "
+        f"window's cross K/V; RSS growth for "
+        f"{SESSIONS - 1} clones {rss_growth / 1e6:.1f} MB ({rss_growth / (SESSIONS - 1) / 1e6:.2f} MB each)"
+    )
+    assert state_bytes == 4 * 2 * 6 * 448 * 64 * 4  # self-attention K/V, 4 layers, 448 positions
+    per_session = rss_growth / (SESSIONS - 1)
+    # each clone holds only its private state (cross K/V 18.4 MB + touched self K/V), never weights
+    assert per_session < 1.5 * live_state  # RSS also counts allocator slack from temporaries
+    assert per_session < weight_bytes / 5

@@ -1,0 +1,99 @@
+"""The CTranslate2 reader, the encoder against CTranslate2's, and the erf behind GELU."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from backends.numpy_backend import NumpyBackend
+from backends.whisper import model
+from backends.whisper.ct2_reader import read_ct2_model
+from backends.whisper.session import default_model_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    """One BLAS thread: multi-threaded OpenBLAS GEMVs crawl on a loaded 2-core CI machine."""
+    with threadpool_limits(limits=1):
+        yield
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode() + b"\0"
+    return struct.pack("<H", len(raw)) + raw
+
+
+def _variable(name: str, array: np.ndarray, dtype_id: int, raw: bytes | None = None) -> bytes:
+    data = array.tobytes() if raw is None else raw
+    head = _string(name) + struct.pack("<B", array.ndim)
+    head += b"".join(struct.pack("<I", d) for d in array.shape)
+    return head + struct.pack("<BI", dtype_id, len(data)) + data
+
+
+def test_reader_decodes_every_dtype_and_alias(tmp_path: Path) -> None:
+    f16 = np.array([[1.5, -2.25], [65504.0, 1e-3]], np.float16)
+    bf16_values = np.array([1.0, -3.5, 0.15625], np.float32)
+    bf16_raw = (bf16_values.view(np.uint32) >> 16).astype("<u2").tobytes()
+    body = struct.pack("<I", 6) + _string("TinySpec") + struct.pack("<I", 2) + struct.pack("<I", 5)
+    body += _variable("a/f16", f16, 4)
+    body += _variable("a/f32", np.arange(3, dtype=np.float32), 0)
+    body += _variable("a/bf16", bf16_values, 5, bf16_raw)
+    body += _variable("a/i8", np.array(3, np.int8), 1)
+    body += _variable("a/i16", np.array([7, -7], np.int16), 2)
+    body += struct.pack("<I", 1) + _string("b/tied") + _string("a/f16")
+    (tmp_path / "model.bin").write_bytes(body)
+    (tmp_path / "config.json").write_text('{"suppress_ids": [1, 2]}')
+
+    m = read_ct2_model(tmp_path)
+    assert (m.spec, m.revision, m.config) == ("TinySpec", 2, {"suppress_ids": [1, 2]})
+    assert m.get("a/f16").dtype == np.float32
+    np.testing.assert_array_equal(m.get("a/f16"), f16.astype(np.float32))
+    np.testing.assert_array_equal(m.get("a/bf16"), bf16_values)
+    assert m.get("a/i8").shape == () and int(m.get("a/i8")) == 3
+    assert m.get("a/i16").tolist() == [7, -7]
+    assert m.get("b/tied") is m.get("a/f16")
+
+    (tmp_path / "model.bin").write_bytes(body + b"\0")
+    with pytest.raises(ValueError, match="trailing"):
+        read_ct2_model(tmp_path)
+
+
+def test_reader_on_the_packaged_whisper_model() -> None:
+    m = read_ct2_model(default_model_dir())
+    assert (m.spec, m.revision, len(m.variables)) == ("WhisperSpec", 3, 148)
+    assert m.aliases == {"decoder/projection/weight": "decoder/embeddings/weight"}
+    assert m.get("decoder/embeddings/weight").shape == (51864, 384)
+    assert m.get("encoder/conv1/weight").shape == (384, 80, 3)
+    assert m.get("encoder/layer_3/self_attention/linear_0/weight").dtype == np.float32
+    assert int(m.get("encoder/num_heads")) == 6
+    assert m.config["suppress_ids_begin"] == [220, 50256]
+
+
+def test_encoder_matches_ctranslate2() -> None:
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    rng = np.random.default_rng(0)
+    mel = np.clip(rng.standard_normal((1, 80, 3000)) * 0.4, -1.5, 1.5).astype(np.float32)
+    ours = model.encode(be, weights, mel)
+    ref_model = ctranslate2.models.Whisper(
+        str(default_model_dir()), device="cpu", compute_type="float32", intra_threads=1
+    )
+    ref = np.array(ref_model.encode(ctranslate2.StorageView.from_array(mel)))
+    assert ours.shape == ref.shape == (1, 1500, 384)
+    assert float(np.max(np.abs(ours - ref))) < 1e-3 * float(np.max(np.abs(ref)))
+
+
+def test_numpy_gelu_erf_is_accurate() -> None:
+    be = NumpyBackend()
+    x = np.linspace(-8.0, 8.0, 400_001, dtype=np.float32)
+    exact = np.array([0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x.astype(np.float64)])
+    got = be.gelu(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    assert float(np.max(np.abs(got - exact))) < 2e-6
