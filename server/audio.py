@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import math
 import struct
-import wave
 from functools import lru_cache
 
 import numpy as np
+
+from backends.wav import pcm16_bytes
 
 MAX_CHANNELS = 16
 
@@ -121,20 +121,7 @@ def load_for_model(data: bytes, rate: int) -> np.ndarray:
     return resample(samples, src, rate)
 
 
-def pcm16(audio: np.ndarray) -> bytes:
-    """float [-1, 1] -> little-endian int16 PCM."""
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def wav_bytes(audio: np.ndarray, rate: int) -> bytes:
-    """A mono 16-bit WAV file."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm16(audio))
-    return buf.getvalue()
+pcm16 = pcm16_bytes
 
 
 def streaming_wav_header(rate: int) -> bytes:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import io
-import wave
 from typing import Any
 
 import attrs
 import numpy as np
 
+from backends.wav import pcm16_bytes, wav_bytes
+
 DEFAULT_SEED = 0
 """Noise seed of requests that give none, so repeating a request repeats its audio."""
 
-_MAX_WAV_VALUE = 32767.0
 
 
 def _finite_nonneg(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
@@ -72,20 +71,3 @@ class PiperResult:
 
     def wav_bytes(self) -> bytes:
         return wav_bytes(self.audio, self.sample_rate)
-
-
-def pcm16_bytes(audio: np.ndarray) -> bytes:
-    """float [-1, 1] -> little-endian int16 PCM, converted as piper does (clip, truncate)."""
-    scaled = np.clip(audio * _MAX_WAV_VALUE, -_MAX_WAV_VALUE, _MAX_WAV_VALUE)
-    return scaled.astype("<i2").tobytes()
-
-
-def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
-    """A mono 16-bit WAV file of ``audio``."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(sample_rate)
-        wav.writeframes(pcm16_bytes(audio))
-    return buf.getvalue()

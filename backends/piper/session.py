@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from backends.identity import HasIdentity, Identity
 from backends.piper.api import DEFAULT_SEED, PiperChunk, PiperRequest, PiperResult
 from backends.piper.model import PiperModel
 from backends.piper.phonemize import phoneme_ids, phonemize
@@ -29,31 +30,15 @@ MODES: dict[str, frozenset[Interface]] = {
 }
 
 
-class PiperSession:
+class PiperSession(HasIdentity):
     """One execution context over a shared :class:`PiperModel`."""
 
     def __init__(self, model: PiperModel, mode: str) -> None:
         self.model = model
-        self._mode = mode
+        self.identity = Identity(FAMILY, TASK, mode, MODES[mode])
         self._rng: np.random.Generator | None = None
         self._open: Iterator[PiperChunk] | None = None
         self._closed = False
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return self._mode
-
-    @property
-    def interfaces(self) -> frozenset[Interface]:
-        return MODES[self._mode]
 
     def run(self, request: PiperRequest) -> PiperResult:
         chunks = tuple(self._chunks(request))
@@ -93,7 +78,7 @@ class PiperSession:
     # ---- internals ------------------------------------------------------
     def _require(self, interface: Interface, what: str) -> None:
         if interface not in self.interfaces:
-            raise ValueError(f"piper session in mode {self._mode!r} does not support {what}()")
+            raise ValueError(f"piper session in mode {self.mode!r} does not support {what}()")
 
     def _check(self, request: PiperRequest) -> None:
         if self._closed:
@@ -142,34 +127,22 @@ class PiperSession:
             )
 
 
-class PiperFactory:
+class PiperFactory(HasIdentity):
     """A loaded Piper voice: the shared model plus the recipe for sessions."""
 
     def __init__(self, model: PiperModel, mode: str = "offline") -> None:
         if mode not in MODES:
             raise ValueError(f"piper mode must be one of {sorted(MODES)}, got {mode!r}")
         self.model = model
-        self._mode = mode
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return self._mode
+        self.identity = Identity(FAMILY, TASK, mode, MODES[mode])
 
     def capacity(self) -> int:
         return MAX_PARALLEL_SESSIONS
 
     def create(self) -> PiperSession:
-        return PiperSession(self.model, self._mode)
+        return PiperSession(self.model, self.mode)
 
     def clone(self, primary: PiperSession) -> PiperSession:
         if not isinstance(primary, PiperSession) or primary.model is not self.model:
             raise ValueError("clone: primary is not a session of this Piper factory")
-        return PiperSession(self.model, self._mode)
+        return PiperSession(self.model, self.mode)

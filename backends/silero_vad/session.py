@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 
 from backends.base import Array, ArrayBackend
+from backends.identity import HasIdentity, Identity
 from backends.silero_vad import model
 from backends.silero_vad.segments import StreamTrigger, speech_segments
 from backends.silero_vad.types import VadChunk, VadEvent, VadOptions, VadRequest, VadResult
@@ -53,31 +54,15 @@ class _StreamState:
         )
 
 
-class SileroVadSession:
+class SileroVadSession(HasIdentity):
     """One VAD execution context over shared weights."""
 
     def __init__(self, backend: ArrayBackend, weights: SileroWeights, mode: str) -> None:
         self.backend = backend
         self.weights = weights
-        self._mode = mode
+        self.identity = Identity(FAMILY, TASK, mode, INTERFACES)
         self._stream: _StreamState | None = None
         self._closed = False
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return self._mode
-
-    @property
-    def interfaces(self) -> frozenset[Interface]:
-        return INTERFACES
 
     # ---- offline / batch -------------------------------------------------
     def run(self, request: VadRequest) -> VadResult:
@@ -187,7 +172,7 @@ def _checked(request: object, offline: bool) -> VadRequest:
     return request
 
 
-class SileroVadFactory:
+class SileroVadFactory(HasIdentity):
     """A loaded Silero VAD: weights uploaded once, shared by up to 16 sessions."""
 
     def __init__(
@@ -197,25 +182,13 @@ class SileroVadFactory:
             raise ValueError(f"silero_vad: unknown mode {mode!r}; expected one of {MODES}")
         self.backend = backend
         self.weights = weights
-        self._mode = mode
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return self._mode
+        self.identity = Identity(FAMILY, TASK, mode, INTERFACES)
 
     def capacity(self) -> int:
         return MAX_PARALLEL_SESSIONS
 
     def create(self) -> SileroVadSession:
-        return SileroVadSession(self.backend, self.weights, self._mode)
+        return SileroVadSession(self.backend, self.weights, self.mode)
 
     def clone(self, primary: object) -> SileroVadSession:
         if not isinstance(primary, SileroVadSession) or primary.weights is not self.weights:

