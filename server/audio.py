@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from backends.wav import pcm16_bytes
+from backends.wav import pcm16_bytes, wav_bytes
 
 MAX_CHANNELS = 16
 
@@ -122,6 +122,7 @@ def load_for_model(data: bytes, rate: int) -> np.ndarray:
 
 
 pcm16 = pcm16_bytes
+__all__ = ["AudioError", "b64decode", "b64encode", "decode_wav", "load_for_model", "pcm16", "resample", "streaming_wav_header", "wav_bytes"]
 
 
 def streaming_wav_header(rate: int) -> bytes:
