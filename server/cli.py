@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--budget", type=float, default=60.0, help="seconds of search")
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--out", default="fuzz-out", help="where shrunk failures are written")
+    fuzz.add_argument("--mutant", help=argparse.SUPPRESS)  # tests/mutants: fuzz a re-introduced bug
     replay = simsub.add_parser("replay", help="re-feed a recorded trace to a fresh core")
     replay.add_argument("trace")
     return parser

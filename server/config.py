@@ -9,7 +9,7 @@ backends ``numpy`` (alias ``cpu``), ``opencl`` and ``cuda``. With no file,
 Differences from audio.cpp (docs/differences.md): the default backend is
 ``numpy``; the default body limit is 64 MiB (audio.cpp: 2 GiB); ``audio_roots``
 (directories server-local audio paths may be read from; none by default),
-``management_token``, ``max_queue`` and ``memory_budget_mb`` are ours; the web
+``management_token``, ``max_queue`` and ``memory_budget_mb`` (with per-model ``memory_mb``) are ours; the web
 UI keys (``ui``, ``voice_dir``...) are accepted and ignored.
 """
 
@@ -51,6 +51,7 @@ class ModelConfig:
     slots: int = 1
     slots_given: bool = False
     busy_timeout_ms: int | None = None
+    memory_mb: int = 0
     backend: str = "numpy"
     device: str = "0"
     load_options: Mapping[str, Any] = attrs.field(factory=dict)
@@ -71,6 +72,7 @@ class ModelConfig:
             load_options=dict(self.load_options),
             session_options=dict(self.session_options),
             busy_timeout_ms=self.busy_timeout_ms,
+            memory_bytes=self.memory_mb * 1024 * 1024,
             lazy=self.lazy,
             extra={"default_request_options": dict(self.default_request_options)},
         )
@@ -197,6 +199,7 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
         slots=checked.value,
         slots_given=slots_raw is not MISSING,
         busy_timeout_ms=busy,
+        memory_mb=_int(raw, "memory_mb", 0, where=where),
         backend=_backend(raw.get("backend", server.get("backend", "numpy")), where),
         device=str(raw.get("device", server.get("device", 0))),
         load_options=_options(raw, "load_options", where),

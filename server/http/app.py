@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -30,7 +31,7 @@ class Observe:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        status = 500
+        status = 499  # no response sent: the client went away (cancelled) before one started
         origin = next((v for k, v in scope.get("headers", []) if k == b"origin"), None)
         cors = self.state.config.cors_origins == "*" and origin is not None
 
@@ -48,6 +49,63 @@ class Observe:
         finally:
             model = scope.get("state", {}).get("model", "-")
             self.state.metrics.request_seconds.labels(model, scope.get("path", ""), str(status)).observe(time.perf_counter() - t0)
+
+
+class CancelOnDisconnect:
+    """ASGI middleware: a client that goes away cancels its request.
+
+    Once the request body has been read, a watcher waits for ``http.disconnect``
+    and, if no response has started, cancels the handler, so a request still
+    queued for a slot leaves the queue (and one running releases its lease when
+    its current step ends) instead of holding its place for a client that is
+    gone. Once a response has started it is left alone: streaming responses
+    watch for the disconnect themselves, and hypercorn sends ``http.disconnect``
+    from inside the final ``send``, where a cancellation would break its
+    keep-alive bookkeeping (the idle connection would then block shutdown).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        body_read = anyio.Event()
+        disconnected = anyio.Event()
+        started = False
+
+        async def tracked() -> Message:
+            # one reader at a time: the handler until its body is read, then the watcher,
+            # which relays the disconnect to the handler (a streaming response listens too)
+            if body_read.is_set():
+                await disconnected.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            if message["type"] == "http.disconnect":
+                disconnected.set()
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        async def watch(cancel: anyio.CancelScope) -> None:
+            await body_read.wait()
+            if not disconnected.is_set():
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                disconnected.set()
+            if not started:
+                cancel.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            await self.app(scope, tracked, sending)
+            tg.cancel_scope.cancel()
 
 
 def build_app(state: ServerState) -> ASGIApp:
@@ -95,4 +153,4 @@ def build_app(state: ServerState) -> ASGIApp:
         },
     )
     app.state.vox = state
-    return Observe(BodyLimit(app, state.config.max_request_body_bytes), state)
+    return Observe(BodyLimit(CancelOnDisconnect(app), state.config.max_request_body_bytes), state)

@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -13,9 +14,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from server.families import ApiError, bad
 from server.http.errors import error_response
 
+DRAIN_BYTES = 1024 * 1024
+"""Unread request bytes discarded after an early response (403, 404, 413...), at most."""
+
 
 class BodyLimit:
-    """ASGI middleware: 413 for bodies over the limit (declared or actually sent)."""
+    """ASGI middleware: 413 for bodies over the limit (declared or actually sent).
+
+    It also reads what is left of a small request body before the end of an
+    early response (403, 404, 413... sent before the body was read): hypercorn
+    closes such a connection as soon as the response ends, and a socket closed
+    with unread bytes in it makes the kernel send a reset, which can destroy
+    the response before the client reads it.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -25,46 +36,75 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        declared: int | None = None
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared < 0 or declared > self.limit:
-                    await self._too_large(scope, receive, send)
-                    return
+        if declared is not None and (declared < 0 or declared > self.limit):
+            drain = 0 <= declared <= self.limit + DRAIN_BYTES
+
+            async def drained(message: Message) -> None:
+                if drain and message["type"] == "http.response.body" and not message.get("more_body", False):
+                    await _drain(receive)
+                await send(message)
+
+            await self._too_large(scope, receive, drained)
+            return
         seen = 0
         started = False
+        finished = False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, finished
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                finished = not message.get("more_body", False)
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
+            else:
+                finished = True
             return message
 
         async def watch(message: Message) -> None:
-            nonlocal started
+            nonlocal started, finished
             if message["type"] == "http.response.start":
                 started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not finished:
+                finished = True
+                await _drain(receive)
             await send(message)
 
         try:
             await self.app(scope, counted, watch)
         except _TooLarge:
             if not started:
-                await self._too_large(scope, receive, send)
+                await self._too_large(scope, receive, watch)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(413, f"request body exceeds max_request_body_bytes={self.limit}", "invalid_request_error")
         await response(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+async def _drain(receive: Receive) -> None:
+    """Discard the rest of the request body (bounded in bytes and time)."""
+    left = DRAIN_BYTES
+    with anyio.move_on_after(5.0):
+        while left > 0:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            left -= len(message.get("body", b""))
+
+
+class _TooLarge(ApiError):
+    """Raised from ``receive`` inside a handler, so the app's ApiError handler answers 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds max_request_body_bytes={limit}")
 
 
 async def json_object(request: Request) -> dict[str, Any]:
@@ -89,6 +129,8 @@ async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, s
     """Multipart fields (strings), the ``file`` part's bytes and its filename."""
     try:
         form = await request.form(max_files=4, max_fields=64)
+    except ApiError:
+        raise
     except Exception as exc:
         raise bad(f"malformed multipart body: {exc}") from exc
     fields: dict[str, Any] = {}

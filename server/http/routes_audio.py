@@ -50,6 +50,7 @@ async def speech(request: Request) -> Response:
     st = state_of(request)
     body = await json_object(request)
     spec = st.spec(body.get("model"), "tts")
+    request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
     req = adapter.request(body, spec.extra.get("default_request_options", {}))
     timeout = busy_timeout(body)
@@ -174,6 +175,7 @@ def subtitles(result: Any, kind: str) -> str:
 async def transcriptions(request: Request) -> Response:
     st, body, data, filename = await audio_request(request)
     spec = st.spec(body.get("model"), "asr")
+    request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
     timeout = busy_timeout(body)
     fmt = body.get("response_format") or "json"
@@ -220,6 +222,7 @@ async def transcriptions(request: Request) -> Response:
 async def vad(request: Request) -> Response:
     st, body, data, filename = await audio_request(request)
     spec = st.spec(body.get("model"), "vad")
+    request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
     timeout = busy_timeout(body)
     audio = await audio_input(st, body, data, filename, adapter.sample_rate)

@@ -46,6 +46,7 @@ async def run(request: Request) -> Response:
     st = state_of(request)
     body = await json_object(request)
     spec = st.spec(body.get("model"))
+    request.state.model = spec.id  # the latency metric's label
     req = await build(st, spec, inner(body))
     t0 = time.perf_counter()
     result = await st.runtime.run(spec.id, req, busy_timeout(body))
@@ -58,6 +59,7 @@ async def batch(request: Request) -> Response:
     st = state_of(request)
     body = await json_object(request)
     spec = st.spec(body.get("model"))
+    request.state.model = spec.id  # the latency metric's label
     raw = body.get("requests")
     if not isinstance(raw, list) or not raw:
         raise bad("'requests' must be a non-empty array of request objects")
@@ -94,6 +96,7 @@ async def stream(request: Request) -> Response:
     st = state_of(request)
     body = await json_object(request)
     spec = st.spec(body.get("model"))
+    request.state.model = spec.id  # the latency metric's label
     sf = body.get("stream_format")
     if sf is not None and sf != "json":
         raise bad("task stream returns one JSON document; stream_format must be omitted or 'json'")

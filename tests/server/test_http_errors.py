@@ -1,0 +1,180 @@
+"""Every validation failure is a JSON ``{"error": {"message", "type"}}`` with a stable type."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.live import DATA, LONG_TEXT, LiveServer, assert_error, b64, in_thread, silence_wav
+
+SPEECH = {"model": "piper", "input": "Hello."}
+
+
+@pytest.mark.parametrize(
+    ("body", "contains"),
+    [
+        ({"model": "piper"}, "'input' is required"),
+        ({**SPEECH, "input": ""}, "'input'"),
+        ({**SPEECH, "input": 5}, "'input'"),
+        ({"input": "Hello."}, "'model' is required"),
+        ({**SPEECH, "model": "whisper"}, "serves task 'asr'"),
+        ({**SPEECH, "voice": "alloy"}, "unknown voice 'alloy'"),
+        ({**SPEECH, "response_format": "mp3"}, "unsupported response_format 'mp3'"),
+        ({**SPEECH, "busy_timeout_ms": -1}, "busy_timeout_ms"),
+        ({**SPEECH, "busy_timeout_ms": "soon"}, "busy_timeout_ms"),
+        ({**SPEECH, "busy_timeout_ms": 1.5}, "busy_timeout_ms"),
+        ({**SPEECH, "busy_timeout_ms": True}, "busy_timeout_ms"),
+        ({**SPEECH, "speed": 10}, "'speed'"),
+        ({**SPEECH, "speed": "fast"}, "'speed'"),
+        ({**SPEECH, "seed": -1}, "'seed'"),
+        ({**SPEECH, "stream": "maybe"}, "'stream'"),
+        ({**SPEECH, "stream_format": "ogg"}, "stream_format"),
+    ],
+)
+def test_speech_validation_is_400(http: httpx.Client, body: dict[str, Any], contains: str) -> None:
+    assert_error(http.post("/v1/audio/speech", json=body), 400, "invalid_request_error", contains)
+
+
+@pytest.mark.parametrize("content", [b"{", b"[1, 2]", b"", b"\xff\xfe", b'"text"'])
+def test_bad_json_bodies_are_400(http: httpx.Client, content: bytes) -> None:
+    r = http.post("/v1/audio/speech", content=content, headers={"content-type": "application/json"})
+    assert_error(r, 400, "invalid_request_error")
+
+
+def test_unknown_model_is_404(http: httpx.Client, hello_wav: bytes) -> None:
+    assert_error(http.post("/v1/audio/speech", json={**SPEECH, "model": "nope"}), 404, "not_found_error", "nope")
+    files = {"file": ("a.wav", hello_wav, "audio/wav")}
+    r = http.post("/v1/audio/transcriptions", files=files, data={"model": "nope"})
+    assert_error(r, 404, "not_found_error")
+    assert_error(http.post("/v1/tasks/run", json={"model": "nope", "request": {}}), 404, "not_found_error")
+    assert_error(http.get("/v1/audio/voices", params={"model": "nope"}), 404, "not_found_error")
+
+
+def test_unknown_route_is_404_and_wrong_method_is_json(http: httpx.Client) -> None:
+    assert_error(http.get("/v1/nothing/here"), 404, "not_found_error", "/v1/nothing/here")
+    assert_error(http.post("/v2/audio/speech", json=SPEECH), 404, "not_found_error")
+    assert_error(http.get("/v1/audio/speech"), 405, "invalid_request_error")
+
+
+def transcribe(http: httpx.Client, name: str, data: bytes, **fields: str) -> httpx.Response:
+    return http.post("/v1/audio/transcriptions", files={"file": (name, data, "audio/wav")}, data={"model": "whisper", **fields})
+
+
+def test_transcription_validation_is_400(http: httpx.Client, hello_wav: bytes) -> None:
+    assert_error(transcribe(http, "a.mp3", b"ID3\x03\x00fake mp3"), 400, "invalid_request_error", "only WAV")
+    assert_error(transcribe(http, "a.wav", b"RIFF\x00\x00garbage" * 7), 400, "invalid_request_error", "WAV")
+    assert_error(transcribe(http, "a.wav", bytes(range(256))), 400, "invalid_request_error", "not a WAV")
+    assert_error(transcribe(http, "a.wav", b""), 400, "invalid_request_error")
+    assert_error(transcribe(http, "a.wav", hello_wav, language="fr"), 400, "invalid_request_error", "English-only")
+    assert_error(transcribe(http, "a.wav", hello_wav, response_format="xml"), 400, "invalid_request_error", "xml")
+    assert_error(transcribe(http, "a.wav", hello_wav, busy_timeout_ms="-5"), 400, "invalid_request_error")
+    r = http.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"other": ("x", b"1")})
+    assert_error(r, 400, "invalid_request_error", "'file'")
+    r = http.post("/v1/audio/transcriptions", json={"model": "whisper"})
+    assert_error(r, 400, "invalid_request_error", "audio is required")
+    r = http.post("/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": "not base64!"})
+    assert_error(r, 400, "invalid_request_error", "base64")
+    r = http.post("/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": b64(b"just bytes")})
+    assert_error(r, 400, "invalid_request_error", "not a WAV")
+    r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav), "threshold": "high"})
+    assert_error(r, 400, "invalid_request_error", "threshold")
+
+
+def test_audio_paths_are_confined_to_audio_roots(http: httpx.Client) -> None:
+    inside = DATA / "audio" / "hello.wav"
+    for path in (str(DATA / "audio" / ".." / "main.json"), str(DATA / "main.json"), "/etc/passwd",
+                 str(DATA / "audio" / ".." / "audio" / ".." / "audio" / ".." / "main.json")):
+        r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": path})
+        assert_error(r, 400, "invalid_request_error", "outside the configured audio_roots")
+    r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "missing.wav")})
+    assert_error(r, 400, "invalid_request_error", "cannot read")
+    # a traversal that comes back inside the root is inside
+    back = str(DATA / "audio" / ".." / "audio" / "hello.wav")
+    assert http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": back}).status_code == 200
+    assert http.post("/v1/tasks/run", json={"model": "silero_vad", "request": {"audio_path": str(inside)}}).status_code == 200
+
+
+def test_tasks_validation_is_400(http: httpx.Client) -> None:
+    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": []}), 400, "invalid_request_error")
+    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": [1]}), 400, "invalid_request_error")
+    many = [{"audio_base64": "AAAA"}] * 65
+    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": many}), 400, "invalid_request_error")
+    r = http.post("/v1/tasks/stream", json={"model": "piper", "request": {"text": "Hi."}, "stream_format": "sse"})
+    assert_error(r, 400, "invalid_request_error", "stream_format")
+    assert_error(http.post("/v1/tasks/run", json={"model": "piper", "request": "Hi."}), 400, "invalid_request_error")
+    assert_error(http.post("/v1/tasks/run", json={"model": "piper", "request": {}}), 400, "invalid_request_error")
+
+
+def test_busy_model_answers_503_with_retry_after(main_server: LiveServer, http: httpx.Client) -> None:
+    """tts1 has one slot: while a long request holds it, a request that may wait 100 ms gets 503."""
+    with main_server.client() as other:
+        long = in_thread(lambda: other.post("/v1/audio/speech", json={"model": "tts1", "input": LONG_TEXT}))
+        main_server.wait_for("tts1", lambda r: r["active_slots"] == 1)
+        t0 = time.monotonic()
+        r = http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100})
+        waited = time.monotonic() - t0
+        assert_error(r, 503, "server_busy")
+        assert int(r.headers["retry-after"]) >= 1
+        assert waited < 5.0
+        # streams are refused before any header too
+        r = http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "stream": True, "busy_timeout_ms": 100})
+        assert_error(r, 503, "server_busy")
+        assert not long.done(), "the long request finished too early for the check to mean anything"
+        assert long.result(timeout=120).status_code == 200
+    main_server.wait_idle("tts1")
+    assert http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100}).status_code == 200
+
+
+def test_restricted_server_limits(restricted_server: LiveServer, hello_wav: bytes) -> None:
+    """Management disabled (403), no audio_roots (400), a 4 KiB body limit (413)."""
+    with restricted_server.client() as http:
+        for method, path, body in (
+            ("POST", "/v1/models/load", {"id": "x", "family": "piper"}),
+            ("POST", "/v1/models/unload", {"id": "piper"}),
+            ("POST", "/v1/tasks/unload_models", {"model_ids": ["piper"]}),
+            ("POST", "/v1/tasks/unload_all_models", {}),
+        ):
+            r = http.request(method, path, json=body, headers={"Authorization": "Bearer anything"})
+            assert_error(r, 403, "permission_error", "disabled")
+        r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "hello.wav")})
+        assert_error(r, 400, "invalid_request_error", "audio_roots")
+        files = {"file": ("hello.wav", hello_wav, "audio/wav")}
+        assert_error(http.post("/v1/audio/vad", files=files, data={"model": "silero_vad"}), 413, "invalid_request_error", "4096")
+        assert_error(http.post("/v1/audio/speech", json={"model": "piper", "input": "a " * 3000}), 413, "invalid_request_error")
+
+        def chunks():  # no content-length: the limit applies to the bytes actually sent
+            for _ in range(10):
+                yield b"x" * 1000
+
+        r = http.post("/v1/audio/speech", content=chunks(), headers={"content-type": "application/json"})
+        assert_error(r, 413, "invalid_request_error")
+
+        def multipart():  # a chunked upload is cut off at the limit too, not misread as malformed
+            yield b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nsilero_vad\r\n'
+            yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+            yield hello_wav
+            yield b"\r\n--b--\r\n"
+
+        r = http.post("/v1/audio/vad", content=multipart(), headers={"content-type": "multipart/form-data; boundary=b"})
+        assert_error(r, 413, "invalid_request_error", "max_request_body_bytes")
+        assert http.get("/health").json()["management"] is False
+        assert http.get("/v1/audio/voices").status_code == 200
+
+
+def test_memory_budget_evicts_the_idle_model(restricted_server: LiveServer) -> None:
+    """memory_budget_mb=100 with piper (80 MB) and silero_vad (30 MB): one at a time."""
+    with restricted_server.client() as http:
+        def loaded() -> dict[str, bool]:
+            return {r["id"]: r["loaded"] for r in http.get("/v1/models").json()["data"]}
+
+        assert http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code == 200
+        assert loaded() == {"piper": True, "silero_vad": False}
+        silence = {"model": "silero_vad", "request": {"audio_base64": b64(silence_wav(0.05))}}
+        r = http.post("/v1/tasks/run", json=silence)
+        assert r.status_code == 200 and r.json()["segments"] == []
+        assert loaded() == {"piper": False, "silero_vad": True}
+        assert http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code == 200
+        assert loaded() == {"piper": True, "silero_vad": False}
