@@ -1,0 +1,46 @@
+"""Model-level parity of the OpenCL backend (PoCL in CI) with numpy: see model_parity."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("pyopencl", reason="the opencl extra (pyopencl) is not installed")
+
+from backends.opencl_backend import OpenCLBackend, devices, make_backend
+from tests.backends import model_parity
+
+if not devices():
+    pytest.skip(
+        "no OpenCL device (install pocl-binary-distribution for a CPU one)", allow_module_level=True
+    )
+
+
+@functools.cache
+def _backend() -> OpenCLBackend:
+    return make_backend("0")
+
+
+def test_silero_vad_offline_and_streaming_match_numpy() -> None:
+    model_parity.check_silero_vad(_backend())
+
+
+def test_silero_vad_sessions_on_forked_queues_share_weights() -> None:
+    root = _backend()
+    views: list[OpenCLBackend] = []
+
+    def fork() -> OpenCLBackend:
+        views.append(root.fork())
+        return views[-1]
+
+    model_parity.check_silero_vad_forks(root, fork)
+    assert len({id(v.queue) for v in [root, *views]}) == 4
+
+
+def test_whisper_tokens_identical_to_numpy() -> None:
+    model_parity.check_whisper(_backend())
+
+
+def test_piper_zero_noise_matches_numpy() -> None:
+    model_parity.check_piper(_backend())
