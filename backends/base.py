@@ -122,3 +122,15 @@ class ArrayBackend(Protocol):
     ) -> Array:
         """softmax(q k^T * scale + mask) v over [..., T, D] tensors."""
         ...
+
+
+def session_backend(backend: ArrayBackend) -> ArrayBackend:
+    """The backend a new session should run on: its own queue/stream where the backend has them.
+
+    OpenCL and CUDA backends ``fork()`` a view sharing the context and the
+    uploaded weights with a private command queue or stream, so parallel slots
+    really overlap on the device; numpy has no queues and is shared as is.
+    """
+    fork = getattr(backend, "fork", None)
+    return fork() if fork is not None else backend
+

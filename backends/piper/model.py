@@ -43,9 +43,13 @@ class PiperModel:
         length_scale: float,
         noise_w: float,
         rng: np.random.Generator,
+        backend: ArrayBackend | None = None,
     ) -> Synthesis:
-        """Same inputs as the ONNX model (ids and scales); noise drawn from ``rng``."""
-        be, w, h = self.backend, self.weights, self.hyper
+        """Same inputs as the ONNX model (ids and scales); noise drawn from ``rng``.
+
+        ``backend`` is the calling session's view (its own queue); default: the model's.
+        """
+        be, w, h = backend or self.backend, self.weights, self.hyper
         ids = np.asarray(phoneme_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise ValueError("no phoneme ids")

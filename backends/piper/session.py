@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from backends.base import session_backend
 from backends.identity import HasIdentity, Identity
 from backends.piper.api import DEFAULT_SEED, PiperChunk, PiperRequest, PiperResult
 from backends.piper.model import PiperModel
@@ -35,6 +36,7 @@ class PiperSession(HasIdentity):
 
     def __init__(self, model: PiperModel, mode: str) -> None:
         self.model = model
+        self.backend = session_backend(model.backend)
         self.identity = Identity(FAMILY, TASK, mode, MODES[mode])
         self._rng: np.random.Generator | None = None
         self._open: Iterator[PiperChunk] | None = None
@@ -110,7 +112,7 @@ class PiperSession(HasIdentity):
         for index, phonemes in enumerate(p for p in phonemize(request.text, cfg) if p):
             ids = phoneme_ids(phonemes, cfg)
             audio = self.model.synthesize_ids(
-                np.asarray(ids), noise_scale, length_scale, noise_w, rng
+                np.asarray(ids), noise_scale, length_scale, noise_w, rng, self.backend
             ).audio
             if request.normalize_audio:
                 peak = float(np.max(np.abs(audio)))

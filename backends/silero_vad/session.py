@@ -14,7 +14,7 @@ from typing import Final
 import attrs
 import numpy as np
 
-from backends.base import Array, ArrayBackend
+from backends.base import Array, ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
 from backends.silero_vad import model
 from backends.silero_vad.segments import StreamTrigger, speech_segments
@@ -188,9 +188,9 @@ class SileroVadFactory(HasIdentity):
         return MAX_PARALLEL_SESSIONS
 
     def create(self) -> SileroVadSession:
-        return SileroVadSession(self.backend, self.weights, self.mode)
+        return SileroVadSession(session_backend(self.backend), self.weights, self.mode)
 
     def clone(self, primary: object) -> SileroVadSession:
         if not isinstance(primary, SileroVadSession) or primary.weights is not self.weights:
             raise ValueError("silero_vad: clone() needs a primary session of this factory")
-        return SileroVadSession(primary.backend, primary.weights, primary.mode)
+        return SileroVadSession(session_backend(self.backend), primary.weights, primary.mode)

@@ -21,7 +21,7 @@ from typing import Final
 
 import numpy as np
 
-from backends.base import ArrayBackend
+from backends.base import ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
 from backends.whisper import model
 from backends.whisper.ct2_reader import read_ct2_model
@@ -49,7 +49,7 @@ class WhisperSession(HasIdentity):
 
     def __init__(self, factory: WhisperFactory) -> None:
         self.identity = IDENTITY
-        self.backend = factory.backend
+        self.backend = session_backend(factory.backend)
         self.weights = factory.weights
         self.tokenizer = factory.tokenizer
         self._config = factory.config

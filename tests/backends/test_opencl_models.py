@@ -44,3 +44,17 @@ def test_whisper_tokens_identical_to_numpy() -> None:
 
 def test_piper_zero_noise_matches_numpy() -> None:
     model_parity.check_piper(_backend())
+
+
+def test_every_family_gives_each_session_its_own_queue() -> None:
+    """create() and clone() fork the factory's backend: one command queue per session."""
+    from backends import piper, silero_vad, whisper
+
+    root = _backend()
+    for family in (silero_vad, whisper, piper):
+        factory = family.load_factory(root, mode="streaming") if family is piper else family.load_factory(root)
+        primary = factory.create()
+        clone = factory.clone(primary)
+        queues = {id(root.queue), id(primary.backend.queue), id(clone.backend.queue)}
+        assert len(queues) == 3, family.__name__
+        assert primary.backend.context is root.context and clone.backend.context is root.context
