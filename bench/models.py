@@ -42,12 +42,12 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"| {'model':<10} | {'input':<28} | {'impl':<24} | {'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
+    head = f"| {'model':<15} | {'input':<28} | {'impl':<24} | {'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
         lines.append(
-            f"| {r['model']:<10} | {str(r['input'])[:28]:<28} | {r['impl']:<24} | "
+            f"| {r['model']:<15} | {str(r['input'])[:28]:<28} | {r['impl']:<24} | "
             f"{float(r['median_ms']):>10.1f} | {float(r['rtf']):>8.4f} | {ratio:>9} |"
         )
     return "\n".join(lines)
