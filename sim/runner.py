@@ -100,13 +100,18 @@ def run_scenario(
     seed: int | None = None,
     *,
     trace_out: IO[str] | None = None,
-    runtime_factory: Callable[..., Runtime] = Runtime,
+    runtime_factory: Callable[..., Runtime] | None = None,
 ) -> RunResult:
     """Run ``scenario`` with ``seed`` (default: the scenario's) and return what happened."""
     seed = scenario.seed if seed is None else seed
     seed_trio(seed)
     mock = trio.testing.MockClock(autojump_threshold=0)
     box: dict[str, RunResult] = {}
+    if runtime_factory is None:
+        # decision monitors (sim.monitors) watch every core decision as it is made
+        from sim.monitors import monitored
+
+        runtime_factory = monitored(Runtime)
     trio.run(_main, scenario, seed, trace_out, runtime_factory, mock, box, clock=mock)
     return box["result"]
 
@@ -146,6 +151,8 @@ async def _main(
     seen: set[str] = set()
     stalls = 0
     scenario_scope = trio.CancelScope()
+    shutdown_scope = trio.CancelScope()
+    shutting_down = False
     final: dict[str, dict[str, Any]] = {}
     finished = False
 
@@ -171,6 +178,11 @@ async def _main(
         if stalls == 1:
             note(f"invariant 10: stalled with pending actions {pending} and no timer left")
             scenario_scope.cancel()
+            return True
+        if shutting_down and not shutdown_scope.cancel_called:
+            # a deadlocked shutdown would otherwise hang the run (its exit is shielded)
+            note("invariant 10: shutdown stalled (work never drained) and no timer left")
+            shutdown_scope.cancel()
             return True
         if stalls == 2:
             driver_scope.cancel()
@@ -282,6 +294,10 @@ async def _main(
                     "loads": provider.loads.get(entry.id, 0),
                     "state": status.state,
                 }
+            shutting_down = True
+            if not rt.closing:
+                with shutdown_scope:
+                    await rt.shutdown()
         on_step()
         for v in check_quiescent(rt.core.registry):
             note(str(v))

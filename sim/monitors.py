@@ -1,0 +1,208 @@
+"""Invariant monitors the runner's state checks cannot see, attached through ``runtime_factory``.
+
+The runner checks core's state at every quiescent step. Some of DESIGN.md's
+invariants are about *decisions* (a request queued that had to be rejected, a
+grant that jumped the queue, a load refused although there was room, a bulk
+unload that waited before freeing idle models) or about the sessions the
+runtime hands out. :func:`monitored` builds a runtime whose trace sink and
+provider are watched, so every decision is checked the moment core makes it,
+against the rule restated here independently of the code that decides it.
+Violations go to ``Runtime.violations``, which the runner reports. The FIFO
+and overdue checks apply to the parallel runtime only (the original runtime's
+single lock has no queue order by design). A run that keeps deciding without
+end raises :class:`Livelock` (invariant 10) instead of spinning forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+from core.bulk import BulkUnload
+from core.events import TraceRecord
+from core.lifecycle import ModelState
+from core.policy import RuntimeKind
+from server.runtime import Runtime
+from server.runtime.ports import ModelSpec
+
+SPEC_RESIDENT = frozenset({ModelState.LOADING, ModelState.READY, ModelState.RECONFIGURING})
+"""DESIGN.md's logical residency: from load start until teardown starts."""
+
+
+MAX_DECISIONS = 5_000
+"""More core decisions than this in one small scenario is a livelock (invariant 10); fuzzed ones make < 100."""
+
+MAX_REPEATS = 200
+"""The same decision at the same virtual instant this many times in a row is a livelock too."""
+
+
+class Livelock(RuntimeError):
+    """The runtime keeps deciding without the scenario making progress."""
+
+
+class Monitor:
+    """Watches one runtime's decisions and session use."""
+
+    def __init__(self, checks: bool = True) -> None:
+        self.checks = checks
+        self.rt: Runtime | None = None
+        self.decisions = 0
+        self.repeats = 0
+        self.last: tuple[float, str, str, str] | None = None
+        self.bulks: list[tuple[BulkUnload, list[str]]] = []
+        self.sessions_busy: set[int] = set()
+        self.loading: dict[str, int] = {}
+
+    def flag(self, text: str) -> None:
+        if self.rt is not None:
+            self.rt.violations.append(text)
+
+    # ----------------------------------------------------------- decisions
+    def observe(self, r: TraceRecord) -> None:
+        self.decisions += 1
+        key = (r.t, r.model, r.event, r.decision)
+        self.repeats = self.repeats + 1 if key == self.last else 0
+        self.last = key
+        if self.decisions > MAX_DECISIONS or self.repeats > MAX_REPEATS:
+            raise Livelock(
+                f"invariant 10: livelock, {self.decisions} core decisions, the last one "
+                f"({r.event} {r.decision} on '{r.model}' at t={r.t}) repeated {self.repeats} times"
+            )
+        rt = self.rt
+        if rt is None or not r.model or not self.checks:
+            return
+        entry = rt.core.registry.get(r.model)
+        if entry is None:
+            return
+        adm = entry.admission
+        fifo = getattr(rt.config, "kind", RuntimeKind.PARALLEL) is RuntimeKind.PARALLEL
+        if fifo and r.event == "request" and r.decision.startswith("queued"):
+            timeout = float(r.args["timeout"])
+            since = [s for _, s in adm.occupied().values()]
+            if adm.exclusive_ticket is None and timeout > 0 and since and all(r.t - s > timeout for s in since):
+                self.flag(
+                    f"invariant 8 ({r.model}): ticket {r.args['ticket']} queued although every occupied "
+                    f"slot overran its {timeout}s timeout (must be rejected at once)"
+                )
+        waiting = [w.ticket for w in adm.waiters()] if fifo else []  # the original guard has no FIFO
+        if waiting:
+            newest = max(adm.ledger.active, default=0)
+            if newest > min(waiting):
+                self.flag(
+                    f"invariant 3 ({r.model}): ticket {newest} holds a lease while older "
+                    f"ticket {min(waiting)} still waits"
+                )
+        if r.reason in ("residency_limit", "memory_budget") and r.event in ("ensure_loaded", "begin_load"):
+            self._check_refusal(r)
+        if r.event == "begin_unload" and adm.exclusive_ticket is not None:
+            self._check_bulk_order(r.model, adm.exclusive_ticket)
+
+    def _check_refusal(self, r: TraceRecord) -> None:
+        assert self.rt is not None
+        registry = self.rt.core.registry
+        limits = registry.limits
+        incoming = registry.get(r.model)
+        others = [e for e in registry.entries() if e is not incoming and e.lifecycle.state in SPEC_RESIDENT]
+        fits_count = limits.max_loaded_models <= 0 or len(others) < limits.max_loaded_models
+        used = sum(e.memory_bytes for e in others) + (incoming.memory_bytes if incoming else 0)
+        fits_memory = limits.memory_budget <= 0 or used <= limits.memory_budget
+        if fits_count and fits_memory:
+            self.flag(
+                f"invariant 5 ({r.model}): load refused ({r.reason}) although only "
+                f"{[e.id for e in others]} are logically resident"
+            )
+
+    def _check_bulk_order(self, model: str, ticket: int) -> None:
+        for bulk, started in self.bulks:
+            if bulk.tickets.get(model) != ticket:
+                continue
+            started.append(model)
+            idle_left = [m for m in bulk.ready_at_publication if m not in started]
+            if model not in bulk.ready_at_publication and idle_left:
+                self.flag(
+                    f"invariant 9: bulk unload started busy '{model}' before ready idle {idle_left}"
+                )
+
+    def wrap_bulk(self, publish: Callable[..., BulkUnload]) -> Callable[..., BulkUnload]:
+        def wrapped(ids: Iterable[str] | None, now: float) -> BulkUnload:
+            bulk = publish(ids, now)
+            self.bulks.append((bulk, []))
+            return bulk
+
+        return wrapped
+
+    # ------------------------------------------------------------- sessions
+    def use(self, session: Any, what: str) -> None:
+        sid = id(session)
+        if sid in self.sessions_busy:
+            self.flag(f"invariant 2: session {getattr(session, 'sid', '?')} used by two leases at once ({what})")
+        self.sessions_busy.add(sid)
+
+    def done(self, session: Any) -> None:
+        self.sessions_busy.discard(id(session))
+
+
+class MonitoredProvider:
+    """The provider, with session use and first loads watched (everything else passes through)."""
+
+    def __init__(self, inner: Any, monitor: Monitor) -> None:
+        self._inner = inner
+        self._m = monitor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def load(self, spec: ModelSpec) -> Any:
+        m = self._m
+        if m.loading.get(spec.id, 0):
+            m.flag(f"invariant 7 ({spec.id}): a second load started while one is in flight")
+        m.loading[spec.id] = m.loading.get(spec.id, 0) + 1
+        try:
+            return await self._inner.load(spec)
+        finally:
+            m.loading[spec.id] -= 1
+
+    async def run(self, session: Any, request: Any) -> Any:
+        self._m.use(session, "run")
+        try:
+            return await self._inner.run(session, request)
+        finally:
+            self._m.done(session)
+
+    async def batch(self, session: Any, requests: Sequence[Any]) -> list[Any]:
+        self._m.use(session, "batch")
+        try:
+            return list(await self._inner.batch(session, requests))
+        finally:
+            self._m.done(session)
+
+    async def stream(self, session: Any, request: Any) -> AsyncIterator[Any]:
+        self._m.use(session, "stream")
+        try:
+            async for chunk in self._inner.stream(session, request):
+                yield chunk
+        finally:
+            self._m.done(session)
+
+
+def monitored(factory: Callable[..., Runtime] = Runtime, *, checks: bool = True) -> Callable[..., Runtime]:
+    """A ``runtime_factory`` for :func:`sim.runner.run_scenario` whose runtime is watched.
+
+    ``checks=False`` keeps only the livelock guard: the run sees exactly what
+    ``voxpool sim run`` sees, but cannot spin forever.
+    """
+
+    def build(provider: Any, config: Any, *, trace: Callable[[TraceRecord], None], **kw: Any) -> Runtime:
+        monitor = Monitor(checks)
+
+        def sink(r: TraceRecord) -> None:
+            trace(r)
+            monitor.observe(r)
+
+        rt = factory(MonitoredProvider(provider, monitor) if checks else provider, config, trace=sink, **kw)
+        monitor.rt = rt
+        if checks:
+            rt.core.bulk_publish = monitor.wrap_bulk(rt.core.bulk_publish)  # type: ignore[method-assign]
+        return rt
+
+    return build

@@ -1,0 +1,297 @@
+"""Mutants: the real core/runtime with one historical bug put back, applied at run time.
+
+Each mutant is a context manager that monkeypatches one method (or property) of
+core or ``server.runtime`` for the duration of the block and restores it after.
+Each reintroduces exactly one bug from the reference
+(/work/shared/reference/audiocpp_parallel_runtime.md): §3.9 (the v1 scheduler),
+§8.1-8.4 and §6.5. The tests in this folder prove that the simulator (its
+scenario files and its fuzzer) catches every one of them, and that the real
+code passes the same checks.
+
+``SIMULATED`` mutants live in code the simulator runs. ``batch_slot_early_free``
+patches :mod:`core.batching`, which the runtime does not drive (the fake
+sessions batch natively), so it is caught by a stateful Hypothesis test of
+:class:`core.batching.BatchScheduler` instead (test_batching_mutant.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from core.admission import Admission, Decision, Granted, Rejected, Wakeups
+from core.batching import BatchScheduler, Ignored, Outcome, Released, SlotState, StaleHandle, _Slot
+from core.bulk import BulkDone, BulkUnload, UnloadNow, WaitForGrant
+from core.events import Reason, busy_message
+from core.lease import Lease, LeaseKind
+from core.lifecycle import RESIDENT_STATES, Lifecycle, ModelState, Proceed, WaitLoad
+from core.policy import overrun
+from core.residency import RoomDecision
+from server.runtime.ports import ModelSpec
+from server.runtime.runtime import Runtime
+
+Mutant = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+@attrs.frozen
+class MutantInfo:
+    """A mutant: its bug, where it came from, and the patch (a context manager factory)."""
+
+    name: str
+    bug: str
+    source: str
+    injected: str
+    patch: Mutant
+    scenario: str  # the targeted scenario file (relative to the repository root)
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+# --------------------------------------------------------------- admission (core)
+_real_request = Admission.request
+
+
+def _request_overdue_suppressed(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
+    """v1: ``all_overrun`` started as ``!exclusive && !waiting_exclusive`` (reference §3.9, §8.1).
+
+    A copy of :meth:`Admission.request` with one change (marked): while a manager
+    waits, the overdue check is skipped, so the request queues and waits out its
+    timeout instead of being rejected at once.
+    """
+    self._check_new_ticket(ticket)
+    if not self._admitting:
+        return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
+    if self._exclusive is None and not self._queue:
+        slot = self._free_slot()
+        if slot is not None:
+            return Granted(self._grant_slot(ticket, slot, now), fast=True)
+    if overrun(self._exclusive_since, now, timeout):
+        return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
+    occupied = [s for s in self._since[: self.count] if s is not None]
+    if (
+        occupied
+        and self._exclusive is None
+        and self._queued_management == 0  # the bug: a waiting manager disables the check
+        and timeout > 0
+        and all(overrun(s, now, timeout) for s in occupied)
+    ):
+        return self._reject(ticket, Reason.SLOTS_OVERDUE)
+    if self.max_queue is not None and self._queued_requests >= self.max_queue:
+        return Rejected(
+            ticket, Reason.QUEUE_FULL, busy_message(self.model, Reason.QUEUE_FULL), self.retry_after_estimate()
+        )
+    return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
+
+
+def _request_barging(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
+    """Priority-flag design (§8.3): a free slot is taken when no *request* waits, queued managers ignored."""
+    if self._admitting and self._exclusive is None and self._queued_requests == 0:
+        slot = self._free_slot()
+        if slot is not None:
+            return Granted(self._grant_slot(ticket, slot, now), fast=True)
+    return _real_request(self, ticket, now, timeout)
+
+
+_real_expire = Admission.expire
+
+
+def _expire_strands(self: Admission, now: float) -> Wakeups:
+    """§8.2 (MS v1): a timed-out manager leaves the queue without dispatching it.
+
+    Requests that waited only because of that manager stay queued with a slot
+    free (stranded) until some unrelated release dispatches the queue.
+    """
+    managers = [
+        w for w in self._queue
+        if w.kind is LeaseKind.MANAGEMENT and w.deadline is not None and now >= w.deadline
+    ]
+    if not managers:
+        return _real_expire(self, now)
+    expired = []
+    for waiter in tuple(self._queue):
+        if waiter.deadline is not None and now >= waiter.deadline:
+            self._remove(waiter)
+            expired.append(self._expired(waiter))
+    return Wakeups((), tuple(expired))
+
+
+# ---------------------------------------------------------------- runtime sessions
+_real_session_for = Runtime.session_for
+
+
+def _session_zero(self: Runtime, model: str, lease: Lease) -> Any:
+    """Every request leased session 0: the slot index is never used to pick the session."""
+    live = self.pools.get(model)
+    if live is None:
+        return _real_session_for(self, model, lease)
+    return live.pool.at(0)
+
+
+async def _ensure_loaded_no_recheck(self: Runtime, model: str, lease: Lease) -> Any:
+    """§4.3 without the re-check under the init lock: a holder that waited for the
+    first load (the lock) then loads again instead of using the published pool,
+    so concurrent first requests each load (the earlier pool is overwritten, leaked)."""
+    decision = self.core.ensure_loaded(model, lease.ticket, self.clock.now())
+    if isinstance(decision, WaitLoad):
+        wait = self.waits.park_load(lease.ticket)
+        await wait.event.wait()
+        if wait.proceed:
+            spec: ModelSpec = self.specs[model]
+            self.pools[model] = await self.build_pool(spec, lease.generation)
+            return self.session_for(model, lease)
+        assert wait.retry is not None
+        decision = self.core.begin_load(model, wait.retry, self.clock.now())
+    if isinstance(decision, Proceed):
+        return self.session_for(model, lease)
+    assert isinstance(decision, RoomDecision)
+    await self.load_with_room(model, decision)
+    return self.session_for(model, lease)
+
+
+# --------------------------------------------------------------- residency (core)
+def _resident_until_torn_down(self: Lifecycle) -> bool:
+    """Residency cleared only after teardown: a retiring (unloading) model still counts (§8.4.4)."""
+    return self.state in RESIDENT_STATES or self.state is ModelState.UNLOADING
+
+
+# --------------------------------------------------------------------- bulk (core)
+def _bulk_selection_order(self: BulkUnload) -> UnloadNow | WaitForGrant | BulkDone | None:
+    """Bulk unload in selection order: wait for each barrier in turn, idle ones included (§8.4.3)."""
+    for model in self.selected:
+        if model in self.done or model in self.in_progress:
+            continue
+        if model in self.ready:
+            self.ready.remove(model)
+            self.in_progress.append(model)
+            self.started.append(model)
+            return UnloadNow(model, self.tickets[model])
+        return WaitForGrant(tuple(self.waiting))
+    if self.in_progress:
+        return None
+    return BulkDone(tuple(m for m in self.selected if m in self.done), self.not_found)
+
+
+# ----------------------------------------------------------------- batching (core)
+def _end_frees_slot(self: BatchScheduler[Any], slot: _Slot[Any], outcome: Outcome) -> None:
+    """§6.5: the finish step pushes the slot back on the free list at once (if absent),
+    so a new launch can take and reset a slot whose owner has not drained it yet."""
+    slot.state, slot.outcome = SlotState.FINISHED, outcome
+    index = next(i for i, s in enumerate(self._slots) if s is slot)
+    if index not in self._free:
+        self._free.append(index)
+
+
+def _release_if_absent(self: BatchScheduler[Any], handle: Any) -> Any:
+    """The owner's release, with the old "push only if not already present" guard."""
+    slot = self._slot(handle)
+    if slot is None:
+        return StaleHandle(handle)
+    if slot.state is not SlotState.FINISHED:
+        return Ignored(handle, slot.state, Reason.SLOT_NOT_FINISHED, "release before the slot finished")
+    released = Released(handle, slot.outcome, len(slot.chunks))
+    self._slots[handle.slot] = _Slot(slot.epoch + 1)
+    if handle.slot not in self._free:
+        self._free.append(handle.slot)
+    return released
+
+
+@contextlib.contextmanager
+def _batch_early_free() -> Iterator[None]:
+    with _patched(BatchScheduler, "_end", _end_frees_slot), _patched(BatchScheduler, "release", _release_if_absent):
+        yield
+
+
+def _one(owner: Any, name: str, value: Any) -> Mutant:
+    return lambda: _patched(owner, name, value)
+
+
+MUTANTS: dict[str, MutantInfo] = {
+    m.name: m
+    for m in (
+        MutantInfo(
+            "overdue_suppressed_by_manager",
+            "a waiting manager suppresses the overdue rejection; the request waits out its timeout",
+            "reference §3.9 v1, §8.1",
+            "Admission.request queues without the overdue check while a manager is queued",
+            _one(Admission, "request", _request_overdue_suppressed),
+            "scenarios/overdue_unload_waiting_1slot.toml",
+        ),
+        MutantInfo(
+            "barging_past_manager",
+            "a request takes a spare slot although a manager queued before it",
+            "reference §8.3",
+            "Admission.request fast path ignores queued managers",
+            _one(Admission, "request", _request_barging),
+            "tests/mutants/scenarios/barging_past_manager.toml",
+        ),
+        MutantInfo(
+            "session_zero",
+            "every request is leased session 0 whatever its slot",
+            "historical runtime bug (slot index not used to pick the session)",
+            "Runtime.session_for returns pool.at(0)",
+            _one(Runtime, "session_for", _session_zero),
+            "tests/mutants/scenarios/session_per_slot.toml",
+        ),
+        MutantInfo(
+            "double_first_load",
+            "first load without the re-check under the lock: concurrent first requests each load",
+            "reference §4.3, §6.5 (missing double-check on load)",
+            "Runtime.ensure_loaded loads again after waiting for the first load",
+            _one(Runtime, "ensure_loaded", _ensure_loaded_no_recheck),
+            "tests/mutants/scenarios/concurrent_first_load.toml",
+        ),
+        MutantInfo(
+            "batch_slot_early_free",
+            "a finished batch slot returns to the free list before its owner drained it",
+            "reference §6.5",
+            "BatchScheduler._end pushes the slot to the free list; release pushes only if absent",
+            _batch_early_free,
+            "",
+        ),
+        MutantInfo(
+            "residency_after_teardown",
+            "logical residency cleared only after teardown; a retiring model blocks a new load",
+            "reference §4.7, §8.4 item 4",
+            "Lifecycle.resident also counts the unloading state",
+            _one(Lifecycle, "resident", property(_resident_until_torn_down)),
+            "tests/mutants/scenarios/retiring_model_not_resident.toml",
+        ),
+        MutantInfo(
+            "manager_timeout_strands",
+            "a timed-out manager leaves without dispatching, stranding requests behind it",
+            "reference §3.9 v1, §8.2",
+            "Admission.expire skips the dispatch when a manager expired",
+            _one(Admission, "expire", _expire_strands),
+            "tests/mutants/scenarios/manager_timeout_dispatches.toml",
+        ),
+        MutantInfo(
+            "bulk_waits_busy_first",
+            "bulk unload waits on busy models (selection order) before freeing idle ones",
+            "reference §4.9, §8.4 item 3",
+            "BulkUnload.next_action walks the selection in order, waiting on each barrier",
+            _one(BulkUnload, "next_action", _bulk_selection_order),
+            "tests/mutants/scenarios/bulk_frees_idle_first.toml",
+        ),
+    )
+}
+
+SIMULATED = tuple(name for name in MUTANTS if name != "batch_slot_early_free")
+
+
+def activate(name: str) -> contextlib.AbstractContextManager[None]:
+    """The patch of mutant ``name`` (a KeyError names the known ones)."""
+    if name not in MUTANTS:
+        raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
+    return MUTANTS[name].patch()
+

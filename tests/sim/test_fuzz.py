@@ -1,0 +1,105 @@
+"""The fuzzer: its scenarios are valid and round-trip, its checks see bugs and spare the real code."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from server.cli import main as cli_main
+from sim.fuzz import MAX_ACTIONS, check, generic_failures, scenarios, search, to_toml
+from sim.monitors import MAX_DECISIONS, MAX_REPEATS, Livelock, Monitor, monitored
+from sim.runner import ActionOutcome, RunResult, run_scenario
+from sim.scenario import Scenario, load, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(scenarios())
+def test_generated_scenarios_round_trip_and_pass_on_the_real_code(s: Scenario) -> None:
+    assert len(s.actions) <= MAX_ACTIONS
+    back = parse(tomllib.loads(to_toml(s)))
+    assert back.actions == s.actions and back.models == s.models and back.config == s.config
+    assert back.seed == s.seed
+    failures, result = check(s)
+    assert failures == [], failures
+    assert result is not None and all(o.outcome != "pending" for o in result.outcomes.values())
+
+
+def test_real_code_survives_a_short_search() -> None:
+    finding = search(6.0, seed=1)
+    assert not finding.found, finding.failures
+    assert finding.examples > 20
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_monitors_add_no_violation_and_do_not_perturb_the_trace(path: Path) -> None:
+    s = load(path)
+    plain = run_scenario(s)
+    watched = run_scenario(s, runtime_factory=monitored())
+    assert watched.trace_text() == plain.trace_text()
+    assert watched.violations == plain.violations
+
+
+def _result(s: Scenario, outcomes: dict[str, str]) -> RunResult:
+    outs = {k: ActionOutcome(k, "request", outcome=v, reason="queue_timeout" if v == "busy" else "") for k, v in outcomes.items()}
+    return RunResult(s.name, 0, outs, [], [], {}, False, 0.0, 0)
+
+
+def test_generic_expectations() -> None:
+    s = parse(
+        {
+            "models": [{"id": "m"}],
+            "actions": [
+                {"at": 0, "do": "request", "id": "r1", "model": "m"},
+                {"at": 0, "do": "request", "id": "r2", "model": "m", "timeout_ms": 100},
+                {"at": 0, "do": "request", "id": "r3", "model": "m"},
+            ],
+        }
+    )
+    failures = generic_failures(s, _result(s, {"r1": "busy", "r2": "busy", "r3": "pending"}))
+    assert any(f.startswith("r1: busy") for f in failures), "unbounded wait refused busy"
+    assert not any(f.startswith("r2") for f in failures), "a bounded request may time out"
+    assert any(f.startswith("r3: never resolved") for f in failures)
+    managed = parse({**{"models": [{"id": "m"}]}, "actions": [
+        {"at": 0, "do": "request", "id": "r1", "model": "m"},
+        {"at": 0, "do": "unload", "id": "u", "model": "m"},
+    ]})
+    assert generic_failures(managed, _result(managed, {"r1": "busy", "u": "ok"})) == []
+
+
+def test_livelock_guard() -> None:
+    from core.events import TraceRecord
+
+    m = Monitor()
+    for i in range(MAX_DECISIONS):
+        m.observe(TraceRecord(0, float(i), "", "expire", {}))
+    with pytest.raises(Livelock):
+        m.observe(TraceRecord(0, -1.0, "", "expire", {}))
+    spin = Monitor()
+    record = TraceRecord(0, 1.25, "m", "expire", {}, "granted=[] expired=[]")
+    for _ in range(MAX_REPEATS + 1):
+        spin.observe(record)
+    with pytest.raises(Livelock, match="repeated"):
+        spin.observe(record)
+
+
+def test_cli_fuzz_finds_a_mutant_and_writes_a_runnable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["sim", "fuzz", "--budget", "20", "--seed", "0", "--mutant", "session_zero", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    files = list(tmp_path.glob("fuzz_session_zero_*.toml"))
+    assert len(files) == 1
+    s = load(files[0])
+    assert len(s.actions) <= 10
+    assert math.isfinite(run_scenario(s).end_time)
+    assert cli_main(["sim", "run", str(files[0])]) == 0, "the real code passes the written scenario"
+
+
+def test_cli_fuzz_rejects_an_unknown_mutant(tmp_path: Path) -> None:
+    assert cli_main(["sim", "fuzz", "--budget", "1", "--mutant", "no_such_bug", "--out", str(tmp_path)]) == 2
