@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from backends.base import Array
+from backends.numpy_backend import ERF_ALPHA, ERF_BETA
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _BLOCK = 256  # threads per block of the row kernels (a power of two)
@@ -592,37 +593,15 @@ def _gelu_xp(xp: Any, x: Array) -> Array:
     """Exact-erf GELU with array-module ops (the fused kernel's fallback), as numpy_backend."""
     z = xp.clip(x / np.float32(math.sqrt(2.0)), np.float32(-4.0), np.float32(4.0))
     z2 = z * z
-    p = z2 * _ERF_ALPHA[0]
-    for a in _ERF_ALPHA[1:-1]:
+    p = z2 * ERF_ALPHA[0]
+    for a in ERF_ALPHA[1:-1]:
         p = (p + a) * z2
-    p = p + _ERF_ALPHA[-1]
-    q = z2 * _ERF_BETA[0]
-    for c in _ERF_BETA[1:-1]:
+    p = p + ERF_ALPHA[-1]
+    q = z2 * ERF_BETA[0]
+    for c in ERF_BETA[1:-1]:
         q = (q + c) * z2
-    q = q + _ERF_BETA[-1]
+    q = q + ERF_BETA[-1]
     erf = (p * z) / q
     return (np.float32(0.5) * x * (np.float32(1.0) + erf)).astype(np.float32, copy=False)
 
 
-_ERF_ALPHA = [
-    np.float32(c)
-    for c in (
-        -2.72614225801306e-10,
-        2.77068142495902e-08,
-        -2.10102402082508e-06,
-        -5.69250639462346e-05,
-        -7.34990630326855e-04,
-        -2.95459980854025e-03,
-        -1.60960333262415e-02,
-    )
-]
-_ERF_BETA = [
-    np.float32(c)
-    for c in (
-        -1.45660718464996e-05,
-        -2.13374055278905e-04,
-        -1.68282697438203e-03,
-        -7.37332916720468e-03,
-        -1.42647390514189e-02,
-    )
-]

@@ -306,22 +306,22 @@ def _erf(x: np.ndarray) -> np.ndarray:
         return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
     x = np.clip(x, np.float32(-4.0), np.float32(4.0))
     x2 = np.multiply(x, x)
-    p = np.multiply(x2, _ERF_ALPHA[0])
-    for a in _ERF_ALPHA[1:-1]:
+    p = np.multiply(x2, ERF_ALPHA[0])
+    for a in ERF_ALPHA[1:-1]:
         p += a
         p *= x2
-    p += _ERF_ALPHA[-1]
-    q = np.multiply(x2, _ERF_BETA[0])
-    for b in _ERF_BETA[1:-1]:
+    p += ERF_ALPHA[-1]
+    q = np.multiply(x2, ERF_BETA[0])
+    for b in ERF_BETA[1:-1]:
         q += b
         q *= x2
-    q += _ERF_BETA[-1]
+    q += ERF_BETA[-1]
     p *= x
     p /= q
     return p
 
 
-_ERF_ALPHA = [
+ERF_ALPHA = [
     np.float32(c)
     for c in (
         -2.72614225801306e-10,
@@ -333,7 +333,7 @@ _ERF_ALPHA = [
         -1.60960333262415e-02,
     )
 ]
-_ERF_BETA = [
+ERF_BETA = [
     np.float32(c)
     for c in (
         -1.45660718464996e-05,

@@ -17,12 +17,16 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import blas_threads  # noqa: E402
+
 MODEL = "piper"
 TEXTS = {
     "short (1 sentence)": "Hello world, this is a test.",
@@ -33,16 +37,6 @@ TEXTS = {
     ),
 }
 
-
-@contextmanager
-def _blas_threads(threads: int) -> Iterator[None]:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide
-        yield
-        return
-    with threadpool_limits(limits=threads, user_api="blas"):
-        yield
 
 
 def _interleaved(
@@ -96,7 +90,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
     syn = SynthesisConfig(noise_w_scale=0.0)
     rate = int(voice.config.sample_rate)
     rows: list[dict[str, object]] = []
-    with _blas_threads(threads):
+    with blas_threads(threads):
         for label, text in TEXTS.items():
             request = PiperRequest(text, noise_w=0.0, seed=0)
 
@@ -155,7 +149,7 @@ def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
     try:
         for s in stages:
             setattr(piper_model, s, timed(s))
-        with _blas_threads(threads):
+        with blas_threads(threads):
             session.run(request)
             for _ in range(repeats):
                 current.clear()

@@ -13,28 +13,22 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import blas_threads  # noqa: E402
+
 RATE = 16000
 CHUNK = 512
 CONTEXT = 64
 MODEL = "silero_vad"
 
-
-@contextmanager
-def _blas_threads(threads: int) -> Iterator[None]:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide
-        yield
-        return
-    with threadpool_limits(limits=threads):
-        yield
 
 
 def _interleaved(
@@ -119,7 +113,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
         for impl, sec in _interleaved(fns, repeats, calls).items():
             rows.append(_row(impl, label, sec * 1e3, audio_s))
 
-    with _blas_threads(threads):
+    with blas_threads(threads):
         measure(
             f"offline {seconds:.1f} s",
             seconds,

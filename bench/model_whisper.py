@@ -18,14 +18,18 @@ import statistics
 import sys
 import time
 import wave
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import blas_threads  # noqa: E402
+
 DATA = ROOT / "tests" / "data" / "whisper"
 MODEL = "whisper-tiny.en"
 
@@ -35,16 +39,6 @@ def _use_repo_root() -> None:
     if sys.path[:1] != [str(ROOT)]:
         sys.path.insert(0, str(ROOT))
 
-
-@contextmanager
-def _blas_threads(threads: int) -> Iterator[None]:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide
-        yield
-        return
-    with threadpool_limits(limits=threads):
-        yield
 
 
 def _fixtures() -> list[tuple[str, np.ndarray]]:
@@ -102,7 +96,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
     from backends.whisper import WhisperRequest, load_factory
 
     rows: list[dict[str, object]] = []
-    with _blas_threads(threads):
+    with blas_threads(threads):
         session = load_factory().create()
         peers = {f"faster-whisper-{ct}": _peer(ct, threads) for ct in ("float32", "int8")}
         for name, audio in _fixtures():
@@ -149,7 +143,7 @@ def profile(threads: int = 1, name: str = "recipe") -> dict[str, float]:
         return wrapper
 
     audio = dict(_fixtures())[name]
-    with _blas_threads(threads):
+    with blas_threads(threads):
         session = load_factory().create()
         session.run(WhisperRequest(audio))
         originals = (model.encode, model.decode, model.logits, model.DecoderState.set_memory)

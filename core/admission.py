@@ -230,16 +230,9 @@ class Admission:
             slot = self._free_slot()
             if slot is not None:
                 return Granted(self._grant_slot(ticket, slot, now), fast=True)
-        if overrun(self._exclusive_since, now, timeout):
-            return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
-        occupied = [s for s in self._since[: self.count] if s is not None]
-        if (
-            occupied
-            and self._exclusive is None
-            and timeout > 0
-            and all(overrun(s, now, timeout) for s in occupied)
-        ):
-            return self._reject(ticket, Reason.SLOTS_OVERDUE)
+        overdue = self._request_overdue(now, timeout)
+        if overdue is not None:
+            return self._reject(ticket, overdue)
         if self.max_queue is not None and self._queued_requests >= self.max_queue:
             return Rejected(
                 ticket,
@@ -248,6 +241,21 @@ class Admission:
                 retry_after=self.retry_after_estimate(),
             )
         return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
+
+    def _request_overdue(self, now: float, timeout: float) -> Reason | None:
+        """The overdue rule for a request that cannot take the fast path (reference §3.4).
+
+        Rejected when the exclusive holder has overrun ``timeout``, or when no
+        exclusive lease is held and *every occupied* slot has overrun it. Free
+        slots and queued waiters (managers included) never suppress the rule;
+        one healthy occupied slot permits bounded waiting; timeout 0 disables it.
+        """
+        if overrun(self._exclusive_since, now, timeout):
+            return Reason.EXCLUSIVE_OVERDUE
+        occupied = [s for s in self._since[: self.count] if s is not None]
+        if occupied and self._exclusive is None and timeout > 0 and all(overrun(s, now, timeout) for s in occupied):
+            return Reason.SLOTS_OVERDUE
+        return None
 
     def manage(self, ticket: int, now: float, timeout: float) -> Decision:
         """Admit one management operation: exclusive use of the whole model.

@@ -22,10 +22,10 @@ from typing import Any
 
 import attrs
 
-from core.admission import Admission, Decision, Granted, Rejected, Wakeups
+from core.admission import Admission, Decision, Granted, Wakeups
 from core.batching import BatchScheduler, Ignored, Outcome, Released, SlotState, StaleHandle, _Slot
 from core.bulk import BulkDone, BulkUnload, UnloadNow, WaitForGrant
-from core.events import Reason, busy_message
+from core.events import Reason
 from core.lease import Lease, LeaseKind
 from core.lifecycle import RESIDENT_STATES, Lifecycle, ModelState, Proceed, WaitLoad
 from core.policy import overrun
@@ -62,22 +62,15 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 _real_request = Admission.request
 
 
-def _request_overdue_suppressed(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
+def _request_overdue_suppressed(self: Admission, now: float, timeout: float) -> Reason | None:
     """v1: ``all_overrun`` started as ``!exclusive && !waiting_exclusive`` (reference §3.9, §8.1).
 
-    A copy of :meth:`Admission.request` with one change (marked): while a manager
-    waits, the overdue check is skipped, so the request queues and waits out its
-    timeout instead of being rejected at once.
+    :meth:`Admission._request_overdue` with one change (marked): while a manager
+    waits, the all-slots-overdue check is skipped, so the request queues and
+    waits out its timeout instead of being rejected at once.
     """
-    self._check_new_ticket(ticket)
-    if not self._admitting:
-        return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
-    if self._exclusive is None and not self._queue:
-        slot = self._free_slot()
-        if slot is not None:
-            return Granted(self._grant_slot(ticket, slot, now), fast=True)
     if overrun(self._exclusive_since, now, timeout):
-        return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
+        return Reason.EXCLUSIVE_OVERDUE
     occupied = [s for s in self._since[: self.count] if s is not None]
     if (
         occupied
@@ -86,12 +79,8 @@ def _request_overdue_suppressed(self: Admission, ticket: int, now: float, timeou
         and timeout > 0
         and all(overrun(s, now, timeout) for s in occupied)
     ):
-        return self._reject(ticket, Reason.SLOTS_OVERDUE)
-    if self.max_queue is not None and self._queued_requests >= self.max_queue:
-        return Rejected(
-            ticket, Reason.QUEUE_FULL, busy_message(self.model, Reason.QUEUE_FULL), self.retry_after_estimate()
-        )
-    return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
+        return Reason.SLOTS_OVERDUE
+    return None
 
 
 def _request_barging(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
@@ -223,8 +212,8 @@ MUTANTS: dict[str, MutantInfo] = {
             "overdue_suppressed_by_manager",
             "a waiting manager suppresses the overdue rejection; the request waits out its timeout",
             "reference §3.9 v1, §8.1",
-            "Admission.request queues without the overdue check while a manager is queued",
-            _one(Admission, "request", _request_overdue_suppressed),
+            "Admission._request_overdue skips the all-slots check while a manager is queued",
+            _one(Admission, "_request_overdue", _request_overdue_suppressed),
             "scenarios/overdue_unload_waiting_1slot.toml",
         ),
         MutantInfo(
