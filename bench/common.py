@@ -16,3 +16,10 @@ def blas_threads(threads: int) -> Iterator[None]:
         return
     with threadpool_limits(limits=threads, user_api="blas"):
         yield
+
+
+def array_backend(name: str) -> object:
+    """The array backend called ``name`` (numpy, opencl, cuda) on its first device."""
+    from server.provider import make_backend
+
+    return make_backend(name, "0")

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import array_backend as _array_backend  # noqa: E402
 from bench.common import blas_threads  # noqa: E402
 
 MODEL = "piper"
@@ -78,14 +79,16 @@ def _piper_voice(threads: int) -> Any:
     return PiperVoice(session=session, config=config)
 
 
-def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
+def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """Both runtimes side by side; one row per (impl, input)."""
+    ours = f"voxpool-{backend}"
+    array_backend = _array_backend(backend)
     _root_first()
     from piper.config import SynthesisConfig
 
     from backends.piper import PiperRequest, load_factory
 
-    session = load_factory().create()
+    session = load_factory(array_backend).create()
     voice = _piper_voice(threads)
     syn = SynthesisConfig(noise_w_scale=0.0)
     rate = int(voice.config.sample_rate)
@@ -105,7 +108,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
                 (ours, peer), repeats
             )
             for impl, sec, cpu, audio_s in (
-                ("voxpool-numpy", np_s, np_cpu, np_audio),
+                (ours, np_s, np_cpu, np_audio),
                 ("piper-tts/onnxruntime", ort_s, ort_cpu, ort_audio),
             ):
                 rows.append(

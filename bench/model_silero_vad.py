@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import array_backend as _array_backend  # noqa: E402
 from bench.common import blas_threads  # noqa: E402
 
 RATE = 16000
@@ -93,8 +94,10 @@ def _row(impl: str, label: str, ms: float, audio_s: float) -> dict[str, object]:
     }
 
 
-def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
+def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """Measure both runtimes side by side; returns one row per (impl, input)."""
+    ours = f"voxpool-{backend}"
+    array_backend = _array_backend(backend)
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from backends.silero_vad import VadRequest, load_factory
@@ -102,7 +105,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
 
     audio = np.array(minute_mix())
     seconds = len(audio) / RATE
-    factory = load_factory()
+    factory = load_factory(array_backend)
     session = factory.create()
     sess = _ort_session(threads)
     rows: list[dict[str, object]] = []
@@ -118,7 +121,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
             f"offline {seconds:.1f} s",
             seconds,
             {
-                "voxpool-numpy": lambda: session.run(VadRequest(audio)),
+                ours: lambda: session.run(VadRequest(audio)),
                 "onnxruntime": lambda: _ort_offline(sess, audio),
             },
         )
@@ -160,13 +163,13 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
         measure(
             "stream live: 1 chunk (32 ms) per request",
             chunk_s,
-            {"voxpool-numpy": np_live_step, "onnxruntime": ort_step},
+            {ours: np_live_step, "onnxruntime": ort_step},
             calls=n_chunks,
         )
         measure(
             "stream 10 s request: per chunk",
             chunk_s,
-            {"voxpool-numpy": np_step, "onnxruntime": ort_step},
+            {ours: np_step, "onnxruntime": ort_step},
             calls=n_chunks,
         )
 
@@ -178,7 +181,7 @@ def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
             f"batch 16 x {len(clip) / RATE:.1f} s",
             16 * len(clip) / RATE,
             {
-                "voxpool-numpy": lambda: session.batch([VadRequest(m) for m in members]),
+                ours: lambda: session.batch([VadRequest(m) for m in members]),
                 "onnxruntime": lambda: _ort_offline(sess, stacked),
             },
         )

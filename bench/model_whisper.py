@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import array_backend as _array_backend  # noqa: E402
 from bench.common import blas_threads  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "whisper"
@@ -90,25 +91,27 @@ def _peer_run(model: Any, audio: np.ndarray) -> str:
     return "".join(s.text for s in segments)
 
 
-def bench(threads: int = 1, repeats: int = 5) -> list[dict[str, object]]:
+def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """One row per (impl, fixture): median latency, RTF and our/peer ratio."""
+    ours = f"voxpool-{backend}"
+    array_backend = _array_backend(backend)
     _use_repo_root()
     from backends.whisper import WhisperRequest, load_factory
 
     rows: list[dict[str, object]] = []
     with blas_threads(threads):
-        session = load_factory().create()
+        session = load_factory(array_backend).create()
         peers = {f"faster-whisper-{ct}": _peer(ct, threads) for ct in ("float32", "int8")}
         for name, audio in _fixtures():
             seconds = len(audio) / 16000
             request = WhisperRequest(audio)
             fns: dict[str, Callable[[], object]] = {
-                "voxpool-numpy": lambda r=request: session.run(r)
+                ours: lambda r=request: session.run(r)
             }
             for impl, model in peers.items():
                 fns[impl] = lambda m=model, a=audio: _peer_run(m, a)
             medians = _interleaved(fns, repeats)
-            ours_wall, ours_cpu = medians["voxpool-numpy"]
+            ours_wall, ours_cpu = medians[ours]
             for impl, (wall, cpu) in medians.items():
                 rows.append(
                     {

@@ -1,6 +1,6 @@
 """The three model families against their reference runtimes, side by side, in one run.
 
-    python bench/models.py [--threads N] [--repeats N] [--only vad,piper,whisper]
+    python bench/models.py [--backend numpy|opencl|cuda] [--threads N] [--repeats N] [--only vad,piper,whisper]
 
 Each family's bench (bench/model_*.py) measures our numpy backend and the
 peer (onnxruntime for silero_vad and piper, faster-whisper/ctranslate2 for
@@ -19,7 +19,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"vad": "model_silero_vad", "piper": "model_piper", "whisper": "model_whisper"}
-OURS = "voxpool-numpy"
 
 
 def load(name: str) -> Any:
@@ -32,11 +31,12 @@ def load(name: str) -> Any:
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add ``ratio`` = our median / this row's median, per (model, input)."""
-    ours = {(r["model"], r["input"]): float(r["median_ms"]) for r in rows if r["impl"] == OURS}
+    ours = {(r["model"], r["input"]): float(r["median_ms"]) for r in rows if str(r["impl"]).startswith("voxpool-")}
     out = []
     for r in rows:
         mine = ours.get((r["model"], r["input"]))
-        ratio = None if mine is None or r["impl"] == OURS else mine / float(r["median_ms"])
+        is_ours = str(r["impl"]).startswith("voxpool-")
+        ratio = None if mine is None or is_ours else mine / float(r["median_ms"])
         out.append({**r, "ratio": ratio})
     return out
 
@@ -58,13 +58,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default=",".join(FAMILIES))
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "opencl", "cuda"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     rows: list[dict[str, Any]] = []
     for key in args.only.split(","):
         module = load(FAMILIES[key.strip()])
-        rows.extend(module.bench(threads=args.threads, repeats=args.repeats))
-    print(f"threads={args.threads} repeats={args.repeats}")
+        rows.extend(module.bench(threads=args.threads, repeats=args.repeats, backend=args.backend))
+    print(f"backend={args.backend} threads={args.threads} repeats={args.repeats}")
     print(table(with_ratios(rows)))
     return 0
 

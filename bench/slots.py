@@ -172,7 +172,9 @@ async def _timed(rt: Runtime, model: str, request: Any, out: list[Any], lat: lis
     lat.append(time.perf_counter() - t0)
 
 
-async def serial_wave(rt: Runtime, model: str, requests: Sequence[Any], lat: list[float]) -> tuple[float, list[Any]]:
+async def serial_wave(
+    rt: Runtime, model: str, requests: Sequence[Any], lat: list[float]
+) -> tuple[float, list[Any]]:
     """The requests one after another; (total seconds, results in order)."""
     out: list[Any] = []
     t0 = time.perf_counter()
@@ -181,7 +183,9 @@ async def serial_wave(rt: Runtime, model: str, requests: Sequence[Any], lat: lis
     return time.perf_counter() - t0, out
 
 
-async def parallel_wave(rt: Runtime, model: str, requests: Sequence[Any], lat: list[float]) -> tuple[float, list[Any]]:
+async def parallel_wave(
+    rt: Runtime, model: str, requests: Sequence[Any], lat: list[float]
+) -> tuple[float, list[Any]]:
     """The requests all submitted at once; (total seconds until the last finished, results in order)."""
     outs: list[list[Any]] = [[] for _ in requests]
     t0 = time.perf_counter()
@@ -215,7 +219,10 @@ async def measure(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
     parallel_s: list[float] = []
     latencies: list[float] = []
     results: list[list[Any]] = []
-    async with Runtime(ThreadedProvider(), config) as one, Runtime(ThreadedProvider(), config) as many:
+    async with (
+        Runtime(ThreadedProvider(), config) as one,
+        Runtime(ThreadedProvider(), config) as many,
+    ):
         one.add_model(one_spec)
         many.add_model(n_spec)
         cold_1 = await _cold_load(one, one_spec.id)
@@ -290,7 +297,9 @@ def main() -> int:
     counts = [int(s) for s in args.slots.split(",")]
     families = [f.strip() for f in args.only.split(",")]
     with open("/proc/loadavg", encoding="ascii") as f:
-        print(f"load average at start: {f.read().split()[:3]}; cpus: {os.cpu_count()}; repeats: {args.repeats}")
+        print(
+            f"load average at start: {f.read().split()[:3]}; cpus: {os.cpu_count()}; repeats: {args.repeats}"
+        )
     rows = [run(WORKLOADS[family](), n, args.repeats) for family in families for n in counts]
     print(table(rows))
     print(f"outputs identical: {'yes' if all(r.identical for r in rows) else 'no'}")
