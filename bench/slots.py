@@ -2,28 +2,32 @@
 
     python bench/slots.py [--slots 2,4] [--repeats 3] [--only piper,whisper,silero_vad]
 
-For each family two runtimes (``Runtime`` + ``ThreadedProvider``, busy timeout 0)
-serve the same model, one at ``slots=1`` and one at ``slots=N``, side by side.
-Cold load (weights plus every session of the pool) is timed on its own. Then,
-after one warm-up wave on each, every repeat runs, alternately so both see the
-same machine load: one request on the 1-slot model, the N requests one after
-another on the 1-slot model (measured total, not N x one), and the same N
-requests submitted at once on the N-slot model. BLAS is held to one thread so
-any speed-up comes from the slots (worker threads; numpy releases the GIL).
-Peak RSS is sampled from ``/proc/self/statm`` every 50 ms during those runs,
-and the concurrent outputs are compared with the serial ones exactly.
+For each family three runtimes (``Runtime`` + ``ThreadedProvider``, busy timeout
+0) serve the same model, side by side: the original runtime (one guarded
+session), the parallel runtime at ``slots=1`` and at ``slots=N``. Cold loads
+(weights plus every session of the pool) are timed on their own, in that order
+(later ones may reuse process-level caches the first one filled). After one
+warm-up wave on each, every repeat runs, alternately so all see the same
+machine load: one request on the original and on the 1-slot runtime, the N
+requests one after another on both (measured totals, not N x one), and the same
+N requests submitted at once to the N-slot model. BLAS is held to one thread so
+any speed-up comes from the slots (worker threads; numpy releases the GIL in
+its kernels). Peak RSS is sampled from ``/proc/self/statm`` every 50 ms during
+those runs; every wave's outputs are compared exactly with the first one's.
+Each family and N runs in a fresh interpreter, so cold loads and memory are its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import wave
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,8 @@ import anyio  # noqa: E402
 import attrs  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.common import blas_threads  # noqa: E402
+from core.policy import RuntimeKind  # noqa: E402
 from server.provider import ThreadedProvider  # noqa: E402
 from server.runtime import ModelSpec, Runtime, RuntimeConfig  # noqa: E402
 
@@ -55,26 +61,43 @@ class Workload:
 
 @attrs.frozen
 class SlotRow:
-    """One model at one slot count: the measured figures of the report."""
+    """One model at one slot count: the figures of the report (medians of the warm repeats).
+
+    ``orig_*``: the original runtime (one guarded session); ``one_*``: the
+    parallel runtime at one slot; ``many_*``: the parallel runtime at N slots.
+    """
 
     model: str
     input: str
     n: int
     repeats: int
-    cold_1_ms: float
-    cold_n_ms: float
+    cold_ms: tuple[float, ...]  # original, 1 slot, N slots (in that order)
+    orig_one_ms: float
     one_ms: float
-    serial_ms: float
-    parallel_ms: float
-    latency_median_ms: float
+    orig_serial_ms: float
+    one_serial_ms: float
+    many_ms: float
+    latency_median_ms: float  # of the requests of the N-slot waves
     latency_max_ms: float
     failures: int
+    loaded_rss_mb: float
     peak_rss_mb: float
     identical: bool
 
     @property
+    def one_saved_pct(self) -> float:
+        """One request: candidate 1 slot against the original runtime."""
+        return time_saved(self.orig_one_ms, self.one_ms)
+
+    @property
     def saved_pct(self) -> float:
-        return time_saved(self.serial_ms, self.parallel_ms)
+        """N requests: N slots against the original runtime's serial completion."""
+        return time_saved(self.orig_serial_ms, self.many_ms)
+
+    @property
+    def saved_vs_one_slot_pct(self) -> float:
+        """N requests: N slots against the same runtime at one slot."""
+        return time_saved(self.one_serial_ms, self.many_ms)
 
 
 def time_saved(base: float, candidate: float) -> float:
@@ -104,15 +127,6 @@ class RssSampler:
             self.peak = max(self.peak, rss_bytes())
             self.samples += 1
             await anyio.sleep(self.interval_s)
-
-
-@contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """BLAS on one thread per call: parallelism must come from the slots."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1):
-        yield
 
 
 def read_wav(path: Path) -> np.ndarray:
@@ -205,6 +219,10 @@ async def _cold_load(rt: Runtime, model: str) -> float:
     return time.perf_counter() - t0
 
 
+def _median_ms(values: Sequence[float]) -> float:
+    return statistics.median(values) * 1e3
+
+
 async def measure(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
     """The report row of one family at ``n`` slots (see the module doc)."""
     if n < 2 or repeats < 3:
@@ -212,32 +230,40 @@ async def measure(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
     family = workload.family
     one_spec, n_spec = _spec(family, 1), _spec(family, n)
     requests = workload.requests(n)
-    config = RuntimeConfig(busy_timeout_ms=0)
     sampler = RssSampler()
-    one_s: list[float] = []
-    serial_s: list[float] = []
-    parallel_s: list[float] = []
+    times: dict[str, list[float]] = {k: [] for k in ("o1", "c1", "oN", "cN", "many")}
     latencies: list[float] = []
     results: list[list[Any]] = []
+    parallel = RuntimeConfig(busy_timeout_ms=0)
+    original = RuntimeConfig(busy_timeout_ms=0, kind=RuntimeKind.ORIGINAL)
     async with (
-        Runtime(ThreadedProvider(), config) as one,
-        Runtime(ThreadedProvider(), config) as many,
+        Runtime(ThreadedProvider(), original) as orig,
+        Runtime(ThreadedProvider(), parallel) as one,
+        Runtime(ThreadedProvider(), parallel) as many,
     ):
+        orig.add_model(one_spec)
         one.add_model(one_spec)
         many.add_model(n_spec)
-        cold_1 = await _cold_load(one, one_spec.id)
-        cold_n = await _cold_load(many, n_spec.id)
+        cold = (
+            await _cold_load(orig, one_spec.id),
+            await _cold_load(one, one_spec.id),
+            await _cold_load(many, n_spec.id),
+        )
+        loaded_rss = rss_bytes()
         async with anyio.create_task_group() as tg:
             tg.start_soon(sampler.run)
-            await serial_wave(one, one_spec.id, requests, [])  # warm-up
-            await parallel_wave(many, n_spec.id, requests, [])  # warm-up of every slot
+            await serial_wave(orig, one_spec.id, requests, [])  # warm-ups
+            await serial_wave(one, one_spec.id, requests, [])
+            await parallel_wave(many, n_spec.id, requests, [])  # every slot
             for _ in range(repeats):
-                one_s.append((await serial_wave(one, one_spec.id, requests[:1], []))[0])
-                total, out = await serial_wave(one, one_spec.id, requests, latencies)
-                serial_s.append(total)
-                results.append(out)
+                times["o1"].append((await serial_wave(orig, one_spec.id, requests[:1], []))[0])
+                times["c1"].append((await serial_wave(one, one_spec.id, requests[:1], []))[0])
+                for key, rt in (("oN", orig), ("cN", one)):
+                    total, out = await serial_wave(rt, one_spec.id, requests, [])
+                    times[key].append(total)
+                    results.append(out)
                 total, out = await parallel_wave(many, n_spec.id, requests, latencies)
-                parallel_s.append(total)
+                times["many"].append(total)
                 results.append(out)
             tg.cancel_scope.cancel()
     failures = sum(isinstance(r, Exception) for wave_out in results for r in wave_out)
@@ -250,14 +276,16 @@ async def measure(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
         input=workload.label,
         n=n,
         repeats=repeats,
-        cold_1_ms=cold_1 * 1e3,
-        cold_n_ms=cold_n * 1e3,
-        one_ms=statistics.median(one_s) * 1e3,
-        serial_ms=statistics.median(serial_s) * 1e3,
-        parallel_ms=statistics.median(parallel_s) * 1e3,
-        latency_median_ms=statistics.median(latencies) * 1e3,
+        cold_ms=tuple(c * 1e3 for c in cold),
+        orig_one_ms=_median_ms(times["o1"]),
+        one_ms=_median_ms(times["c1"]),
+        orig_serial_ms=_median_ms(times["oN"]),
+        one_serial_ms=_median_ms(times["cN"]),
+        many_ms=_median_ms(times["many"]),
+        latency_median_ms=_median_ms(latencies),
         latency_max_ms=max(latencies) * 1e3,
         failures=failures,
+        loaded_rss_mb=loaded_rss / 2**20,
         peak_rss_mb=sampler.peak / 2**20,
         identical=identical,
     )
@@ -265,27 +293,52 @@ async def measure(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
 
 def run(workload: Workload, n: int, repeats: int = 3) -> SlotRow:
     """:func:`measure` in its own event loop, with BLAS on one thread."""
-    with one_blas_thread():
+    with blas_threads(1):  # parallelism must come from the slots
         return anyio.run(measure, workload, n, repeats)
 
 
-HEAD = (
-    "| model | input | N | cold 1-slot ms | cold N-slot ms | one request ms | N serial ms (1 slot) "
-    "| N on N slots ms | time saved % | latency median / max ms | failures | peak RSS MB | outputs identical |"
+COMPARISON = (
+    "| model | input | N | one request: original ms | one request: 1 slot ms | saved % "
+    "| N serial: original ms | N on N slots ms | saved % | N serial: 1 slot ms | saved vs 1 slot % "
+    "| outputs identical |"
+)
+DETAILS = (
+    "| model | N | cold load ms (original / 1 slot / N slots) | N-slot latency median / max ms "
+    "| failures | RSS after load MB | peak RSS MB |"
 )
 
 
 def table(rows: Sequence[SlotRow]) -> str:
-    """The rows as a Markdown table (medians of the warm repeats)."""
-    lines = [HEAD, "|" + "---|" * 3 + "---:|" * 9 + "---|"]
+    """The seed 003 comparison table, then cold loads, latencies, failures and memory."""
+    lines = [COMPARISON, "|---|---|" + "---:|" * 9 + "---|"]
     for r in rows:
         lines.append(
-            f"| {r.model} | {r.input} | {r.n} | {r.cold_1_ms:.0f} | {r.cold_n_ms:.0f} | {r.one_ms:.1f} "
-            f"| {r.serial_ms:.1f} | {r.parallel_ms:.1f} | {r.saved_pct:.1f} "
-            f"| {r.latency_median_ms:.1f} / {r.latency_max_ms:.1f} | {r.failures} "
-            f"| {r.peak_rss_mb:.0f} | {'yes' if r.identical else 'no'} |"
+            f"| {r.model} | {r.input} | {r.n} | {r.orig_one_ms:.1f} | {r.one_ms:.1f} "
+            f"| {r.one_saved_pct:.1f} | {r.orig_serial_ms:.1f} | {r.many_ms:.1f} | {r.saved_pct:.1f} "
+            f"| {r.one_serial_ms:.1f} | {r.saved_vs_one_slot_pct:.1f} | {'yes' if r.identical else 'no'} |"
+        )
+    lines += ["", DETAILS, "|---|" + "---:|" * 6]
+    for r in rows:
+        cold = " / ".join(f"{c:.0f}" for c in r.cold_ms)
+        lines.append(
+            f"| {r.model} | {r.n} | {cold} | {r.latency_median_ms:.1f} / {r.latency_max_ms:.1f} "
+            f"| {r.failures} | {r.loaded_rss_mb:.0f} | {r.peak_rss_mb:.0f} |"
         )
     return "\n".join(lines)
+
+
+def in_child(family: str, n: int, repeats: int) -> SlotRow:
+    """:func:`run` in a fresh interpreter, so cold loads and RSS are this model's alone."""
+    command = [sys.executable, __file__, "--child", f"{family}:{n}:{repeats}"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    fields = json.loads(done.stdout.splitlines()[-1])
+    fields["cold_ms"] = tuple(fields["cold_ms"])
+    return SlotRow(**fields)
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg", encoding="ascii") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def main() -> int:
@@ -293,18 +346,20 @@ def main() -> int:
     parser.add_argument("--slots", default="2", help="comma-separated slot counts N (>= 2)")
     parser.add_argument("--repeats", type=int, default=3, help="warm repeats (>= 3)")
     parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # family:n:repeats, prints one JSON row
     args = parser.parse_args()
+    if args.child:
+        family, n, repeats = args.child.split(":")
+        row = run(WORKLOADS[family](), int(n), int(repeats))
+        print(json.dumps(attrs.asdict(row)))
+        return 0
     counts = [int(s) for s in args.slots.split(",")]
     families = [f.strip() for f in args.only.split(",")]
-    with open("/proc/loadavg", encoding="ascii") as f:
-        print(
-            f"load average at start: {f.read().split()[:3]}; cpus: {os.cpu_count()}; repeats: {args.repeats}"
-        )
-    rows = [run(WORKLOADS[family](), n, args.repeats) for family in families for n in counts]
+    print(f"load average at start: {loadavg()}; cpus: {os.cpu_count()}; repeats: {args.repeats}")
+    rows = [in_child(family, n, args.repeats) for family in families for n in counts]
     print(table(rows))
     print(f"outputs identical: {'yes' if all(r.identical for r in rows) else 'no'}")
-    with open("/proc/loadavg", encoding="ascii") as f:
-        print(f"load average at end: {f.read().split()[:3]}")
+    print(f"load average at end: {loadavg()}")
     return 0 if all(r.failures == 0 and r.identical for r in rows) else 1
 
 
