@@ -81,7 +81,7 @@ def _piper_voice(threads: int) -> Any:
 
 def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """Both runtimes side by side; one row per (impl, input)."""
-    ours = f"voxpool-{backend}"
+    label_ours = f"voxpool-{backend}"
     array_backend = _array_backend(backend)
     _root_first()
     from piper.config import SynthesisConfig
@@ -108,7 +108,7 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
                 (ours, peer), repeats
             )
             for impl, sec, cpu, audio_s in (
-                (ours, np_s, np_cpu, np_audio),
+                (label_ours, np_s, np_cpu, np_audio),
                 ("piper-tts/onnxruntime", ort_s, ort_cpu, ort_audio),
             ):
                 rows.append(
