@@ -1,14 +1,15 @@
 """The fuzzer: random workloads against DESIGN.md's invariants, shrunk to a scenario file.
 
-Hypothesis draws small scenarios (one or two fake models with slots, capacity,
-durations, slow teardowns and load faults; a timeline of requests, streams,
-batches, loads, unloads, reconfigurations, bulk unloads and disconnects; server
-busy timeouts and ``max_loaded_models``), runs each with
+Hypothesis draws small scenarios (the parallel or the original runtime; one
+or two fake models with slots, durations, slow teardowns and load, null-primary
+and clone faults; a timeline of requests, streams, batches, loads, unloads,
+reconfigurations, registrations of new or existing ids, faults changed on the
+fly, shutdowns, status probes, bulk unloads and disconnects; server busy
+timeouts and ``max_loaded_models``), runs each with
 :func:`sim.runner.run_scenario` under the decision monitors of
 :mod:`sim.monitors`, and fails a scenario on any invariant violation, stall,
-crash or broken generic expectation (every action resolves; a request with an
-unbounded timeout on a model that nothing unloads and no residency limit can
-evict is never refused busy). Hypothesis's own shrinking then reduces the first
+crash or broken generic expectation (see :func:`generic_failures`).
+Hypothesis's own shrinking then reduces the first
 failure, and :func:`write` saves it as a scenario file whose expectations make
 ``voxpool sim run`` fail on the bug.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import random
 import re
 import time
@@ -40,11 +42,19 @@ from sim.scenario import Action, Expect, ModelDef, Scenario, dump, load
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 
 MODEL_IDS = ("a", "b")
+NEW_ID = "c"  # registered at run time only (requests, unloads and status probes may name it first)
 TIMES = (0.0, 0.5, 1.0, 0.25, 1.5, 2.0, 3.0, 4.0, 6.0)
 DURATIONS = (5.0, 1.0, 0.2, 3.0)
 REQUEST_TIMEOUTS = (None, 100, 1000, 0)
-KINDS = ("request", "request", "unload", "stream", "batch", "load", "reconfigure", "bulk_unload", "disconnect")
+KINDS = (
+    "request", "request", "unload", "stream", "batch", "load", "reconfigure", "bulk_unload", "disconnect",
+    "register", "fault", "shutdown", "status",
+)
 WORK = frozenset({"request", "stream", "batch"})
+ADMITTED = WORK | {"load", "unload", "reconfigure", "register"}  # refused busy (shutting_down) once shutdown began
+MAY_NAME_NEW = frozenset({"request", "unload", "register", "status"})  # kinds sim.scenario lets name an unknown id
+FAULTS = ({"fail_loads": 1}, {"null_primary": 1}, {"fail_clone_at": 1}, {"fail_clone_at": 0}, {"close_time": 1.0})
+RUNTIMES = ("parallel", "parallel", "parallel", "original")
 MAX_ACTIONS = 12
 MAX_WRITTEN = 10  # actions in a written finding, status probes included
 PROBE_DELAY = 0.001  # virtual seconds after a violation that a status probe looks
@@ -54,21 +64,21 @@ PROBE_SEEDS = 16  # seeds tried for a probed finding
 
 
 @st.composite
-def _model(draw: st.DrawFn, mid: str) -> ModelDef:
+def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     script: dict[str, Any] = {}
     load_time = draw(st.sampled_from((0.5, 2.0)))
     close_time = draw(st.sampled_from((0.01, 1.0)))
-    fail_loads = draw(st.sampled_from((0, 0, 0, 1)))
+    fault = draw(st.sampled_from((None, None, None, "fail_loads", "null_primary", "fail_clone_at")))
     if load_time != 0.5:
         script["load_time"] = load_time
     if close_time != 0.01:
         script["close_time"] = close_time
     lazy = draw(st.booleans())
-    if fail_loads and lazy:  # an eager load failure aborts the start-up, not a scenario
-        script["fail_loads"] = fail_loads
+    if fault is not None and lazy:  # an eager load failure aborts the start-up, not a scenario
+        script[fault] = 1
     return ModelDef(
         id=mid,
-        slots=draw(st.integers(1, 3)),
+        slots=1 if original else draw(st.integers(1, 3)),  # the original runtime has one session a model
         busy_timeout_ms=draw(st.sampled_from((None, 1000, 500))),
         lazy=lazy,
         script=script,
@@ -79,7 +89,9 @@ def _model(draw: st.DrawFn, mid: str) -> ModelDef:
 def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, Any], int]:
     at = draw(st.sampled_from(TIMES))
     do = draw(st.sampled_from(KINDS))
-    model = MODEL_IDS[draw(st.integers(0, n_models - 1))]
+    known = MODEL_IDS[:n_models]
+    named = (*known, NEW_ID) if do in MAY_NAME_NEW else known
+    model = named[draw(st.integers(0, len(named) - 1))]
     params: dict[str, Any] = {}
     target = 0
     if do in WORK:
@@ -98,9 +110,21 @@ def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, 
     elif do == "reconfigure":
         params["slots"] = draw(st.integers(1, 3))
         params["path"] = draw(st.sampled_from(("rev2", "rev1")))
+    elif do == "register":  # a new id, or a re-registration (explicit slots are refused on the original runtime)
+        slots = draw(st.sampled_from((None, 1, 2, 3)))
+        if slots is not None:
+            params["slots"] = slots
+        if draw(st.booleans()):
+            params["path"] = draw(st.sampled_from(("rev2", "rev1")))
+    elif do == "fault":
+        params["set"] = dict(draw(st.sampled_from(FAULTS)))
+    elif do == "status":
+        model = draw(st.sampled_from(("", model)))
+    elif do == "shutdown":
+        model = ""
     elif do == "bulk_unload":
         model = ""
-        ids = draw(st.none() | st.lists(st.sampled_from(MODEL_IDS[:n_models]), min_size=1, unique=True))
+        ids = draw(st.none() | st.lists(st.sampled_from(known), min_size=1, unique=True))
         if ids is not None:
             params["ids"] = ids
     elif do == "disconnect":
@@ -112,9 +136,12 @@ def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
     """Small random scenarios (see the module docstring for the space)."""
-    n_models = draw(st.integers(1, 2))
-    models = tuple(draw(_model(MODEL_IDS[i])) for i in range(n_models))
     config: dict[str, Any] = {}
+    runtime = draw(st.sampled_from(RUNTIMES))
+    if runtime != "parallel":
+        config["runtime"] = runtime
+    n_models = draw(st.integers(1, 2))
+    models = tuple(draw(_model(MODEL_IDS[i], runtime == "original")) for i in range(n_models))
     busy = draw(st.sampled_from((0, 1000, 3000)))
     if busy:
         config["busy_timeout_ms"] = busy
@@ -140,14 +167,38 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
 
 def generic_failures(s: Scenario, result: RunResult) -> list[str]:
-    """Expectations that hold for any scenario, beyond the invariants."""
+    """Expectations that hold for any scenario, beyond the invariants.
+
+    Every action resolves. On the original runtime an explicit ``slots`` in a
+    registration or reconfiguration is invalid. Once a shutdown has started
+    (at a strictly earlier virtual time than an action starts), new work and
+    management (load, unload, reconfigure, register) are refused busy with
+    ``shutting_down``, unless the model is unknown (not found). Before it, a
+    request with an unbounded timeout on a model that nothing manages, faults
+    or can evict is never refused busy.
+    """
     out = []
     for o in result.outcomes.values():
         if o.outcome == "pending":
             out.append(f"{o.id}: never resolved")
+    original = s.config.get("runtime", "parallel") == "original"
+    # by the virtual time an action really started (start-up loads can delay a timeline)
+    shutdown = min((result.outcomes[a.id].started for a in s.actions if a.do == "shutdown"), default=math.inf)
+    shutdown = math.inf if math.isnan(shutdown) else shutdown
+    doomed = {a.params.get("target") for a in s.actions if a.do == "disconnect"}
+    for a in s.actions:
+        o = result.outcomes[a.id]
+        if o.outcome == "pending" or a.id in doomed:
+            continue
+        got = (o.outcome, o.reason)
+        if original and a.do in ("register", "reconfigure") and "slots" in a.params:
+            if got != ("invalid", "slots_require_parallel"):
+                out.append(f"{a.id}: explicit slots on the original runtime not refused ({o.outcome} {o.reason})")
+        elif o.started > shutdown and a.do in ADMITTED and o.outcome != "not_found" and got != ("busy", "shutting_down"):
+            out.append(f"{a.id}: {o.outcome} ({o.reason}) after shutdown (must be busy shutting_down)")
     managed: set[str] = set()
     for a in s.actions:
-        if a.do in ("unload", "reconfigure", "register"):
+        if a.do in ("unload", "reconfigure", "register", "fault"):
             managed.add(a.model)
         elif a.do == "bulk_unload":
             managed.update(a.params.get("ids", [m.id for m in s.models]))
@@ -159,7 +210,7 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
     for a in s.actions:
         unbounded = not ceilings.get(a.model, 0) and not a.params.get("timeout_ms")
         o = result.outcomes[a.id]
-        if a.do in WORK and a.model not in managed and unbounded and o.outcome == "busy":
+        if a.do in WORK and o.started < shutdown and a.model not in managed and unbounded and o.outcome == "busy":
             out.append(f"{a.id}: busy ({o.reason}) with an unbounded timeout on an unmanaged model")
     return out
 
@@ -170,9 +221,10 @@ def check(s: Scenario, mutant: Mutant | None = None) -> tuple[list[str], RunResu
         try:
             result = run_scenario(s, runtime_factory=monitored())
         except Exception as exc:  # a crash is a finding too
-            while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
-            return [f"crash: {type(exc).__name__}: {exc}"], None
+            error: BaseException = exc
+            while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+                error = error.exceptions[0]
+            return [f"crash: {type(error).__name__}: {error}"], None
     failures = list(result.violations)
     if result.stalled and not any("invariant 10" in f for f in failures):
         failures.append("invariant 10: stalled")
@@ -279,14 +331,23 @@ def expectations(s: Scenario, mutant: Mutant | None, failures: Sequence[str] = (
         seen = check(s)[1]
         if seen is None:  # a crash: the file reproduces it as it is
             return s
-        flagged = {f.split(":")[0] for f in generic_failures(s, seen)}
-        expect = [Expect(a.id, outcome="error" if a.params.get("fail") else "ok") for a in s.actions if a.id in flagged]
+        flagged = {f.split(":")[0]: f for f in generic_failures(s, seen)}
+        expect = [_expected(a, flagged[a.id]) for a in s.actions if a.id in flagged]
         return attrs.evolve(s, expect=tuple(expect))
     merged = _distinguish(s, run_scenario(s), mutant)
     bad = _mutant_run(s, mutant)
     if bad is None or check_expectations(merged, bad):
         return merged
     return _with_probes(s, failures, mutant) or merged
+
+
+def _expected(a: Action, failure: str) -> Expect:
+    """What the real code should have answered to ``a``, given how :func:`generic_failures` flagged it."""
+    if "after shutdown" in failure:
+        return Expect(a.id, outcome="busy", reason="shutting_down")
+    if "original runtime" in failure:
+        return Expect(a.id, outcome="invalid", reason="slots_require_parallel")
+    return Expect(a.id, outcome="error" if a.params.get("fail") else "ok")
 
 
 def _mutant_run(s: Scenario, mutant: Mutant) -> RunResult | None:
@@ -348,9 +409,9 @@ def _candidates(s: Scenario, real: RunResult) -> list[Scenario]:
         (o for o in real.outcomes.values() if o.outcome != "pending"),
         key=lambda o: (o.ended, _end_seq(real, o.id)),
     )
-    for a, b in itertools.pairwise(done):
-        if a.ended < b.ended:
-            out.append(attrs.evolve(base, order=((a.id, b.id),)))
+    for early, late in itertools.pairwise(done):
+        if early.ended < late.ended:
+            out.append(attrs.evolve(base, order=((early.id, late.id),)))
     for model, counters in real.final.items():
         for key in ("loaded", "loads", "active_slots", "queued_requests", "slots"):
             if key in counters:

@@ -295,9 +295,11 @@ async def _main(
                     "state": status.state,
                 }
             shutting_down = True
-            if not rt.closing:
+            if not rt.closed:  # not rt.closing: a scenario's shutdown may have been cancelled half-way
                 with shutdown_scope:
                     await rt.shutdown()
+                if shutdown_scope.cancelled_caught:
+                    rt.closed = True  # the stall is reported; leaving the runtime must not retry it
         on_step()
         for v in check_quiescent(rt.core.registry):
             note(str(v))

@@ -18,13 +18,13 @@ import anyio
 import attrs
 
 from core.bulk import BulkDone, UnloadNow, WaitForGrant
-from core.events import Reason
+from core.events import Reason, busy_message
 from core.lease import Lease
 from core.lifecycle import Proceed, Teardown, WaitLoad
 from core.policy import SLOTS_REQUIRE_PARALLEL_MESSAGE, Invalid, RuntimeKind, validate_slots
 from core.pool import capacity_message
 from core.registry import ModelStatus, Registered
-from server.runtime.errors import InvalidRequestError, LoadError, NotFoundError
+from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.ports import ModelSpec
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class Management:
         pools: dict[str, LivePool]
         waits: WaitTable
         closing: bool
+        closed: bool
         _background: int
         _changed: anyio.Event
 
@@ -74,6 +75,7 @@ class Management:
     async def manage(self, model: str, timeout_s: float | None = None) -> AsyncIterator[Lease]:
         """Hold ``model``'s exclusive management lease for the body (FIFO barrier)."""
         self.spec(model)
+        self.refuse_if_closing(model)
         timeout = self.ceiling_seconds(model) if timeout_s is None else timeout_s
         now = self.clock.now()
         ticket = self.core.new_ticket(now)
@@ -82,6 +84,16 @@ class Management:
             yield lease
         finally:
             self.release(model, lease.ticket)
+
+    def refuse_if_closing(self, model: str) -> None:
+        """Once shutdown has begun, refuse new management too (busy ``shutting_down``).
+
+        Shutdown drains what was admitted before it, then unloads everything; a
+        load, reconfiguration or registration queued behind that final unload
+        would leave a pool alive after shutdown (invariants 1 and 6).
+        """
+        if self.closing:
+            raise BusyError(Reason.SHUTTING_DOWN, busy_message(model, Reason.SHUTTING_DOWN))
 
     async def load_model(self, model: str) -> None:
         """Load ``model`` now (eager start-up, or ``/v1/models/load`` of an unchanged id)."""
@@ -120,6 +132,7 @@ class Management:
             raise InvalidRequestError(check.reason, check.message)
         if self.config.kind is RuntimeKind.ORIGINAL and spec.slots != 1:
             raise InvalidRequestError(Reason.SLOTS_REQUIRE_PARALLEL, SLOTS_REQUIRE_PARALLEL_MESSAGE)
+        self.refuse_if_closing(spec.id)
         now = self.clock.now()
         registered = self.core.register(spec.id, spec.slots, spec.memory_bytes, now)
         if isinstance(registered, Registered):
@@ -257,4 +270,5 @@ class Management:
             self.core.stop_admitting(entry.id, now)
         await self.wait_quiet()
         await self.bulk_unload(None)
+        self.closed = True  # a cancelled shutdown leaves this False: leaving the runtime finishes it
 

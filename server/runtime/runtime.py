@@ -118,6 +118,7 @@ class Runtime(Management):
         self._changed = anyio.Event()
         self._background = 0
         self.closing = False
+        self.closed = False
         if trace is not None:
             trace(
                 TraceRecord(
@@ -144,7 +145,7 @@ class Runtime(Management):
 
     async def __aexit__(self, *exc: object) -> bool | None:
         try:
-            if not self.closing:
+            if not self.closed:
                 with anyio.CancelScope(shield=True):
                     await self.shutdown()
             assert self._tg is not None

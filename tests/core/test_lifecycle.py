@@ -400,3 +400,23 @@ def test_lifecycle_rejects_illegal_transitions() -> None:
     life.ensure_loaded(1)
     with pytest.raises(LifecycleError):
         life.begin_reconfigure()
+
+
+def test_original_runtime_bulk_unload_skips_unpublished_first_load() -> None:
+    """Legacy bulk unload keeps upstream's unpublished-load skip (reference §1.5, seed 003 F2).
+
+    The parallel runtime waits for a first load in progress (test_bulk_releases_idle_first);
+    the original runtime's bulk unload skips a model whose first load is unpublished.
+    """
+    from core.policy import RuntimeKind
+
+    reg = Registry(kind=RuntimeKind.ORIGINAL)
+    slow, idle = add(reg, "slow"), add(reg, "idle")
+    warm(reg, idle)
+    cold = reg.new_ticket()
+    assert isinstance(slow.admission.request(cold, 1.0, 0), Granted)
+    reg.ensure_loaded(slow, cold, 1.0)  # first load in flight, nothing published
+    bulk = BulkUnload.publish(reg, None, 1.5)
+    assert bulk.selected == ("idle",), "the unpublished first load is skipped, not waited for"
+    assert slow.admission.state().queued_management == 0
+    assert bulk.next_action() == UnloadNow("idle", bulk.tickets["idle"])

@@ -7,10 +7,19 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 from server.cli import main as cli_main
-from sim.fuzz import MAX_ACTIONS, check, generic_failures, scenarios, search, to_toml
+from sim.fuzz import (
+    MAX_ACTIONS,
+    NEW_ID,
+    check,
+    expectations,
+    generic_failures,
+    scenarios,
+    search,
+    to_toml,
+)
 from sim.monitors import MAX_DECISIONS, MAX_REPEATS, Livelock, Monitor, monitored
 from sim.runner import ActionOutcome, RunResult, run_scenario
 from sim.scenario import Scenario, load, parse
@@ -46,9 +55,85 @@ def test_monitors_add_no_violation_and_do_not_perturb_the_trace(path: Path) -> N
     assert watched.violations == plain.violations
 
 
-def _result(s: Scenario, outcomes: dict[str, str]) -> RunResult:
-    outs = {k: ActionOutcome(k, "request", outcome=v, reason="queue_timeout" if v == "busy" else "") for k, v in outcomes.items()}
+def _result(s: Scenario, outcomes: dict[str, str], reasons: dict[str, str] | None = None) -> RunResult:
+    reasons = reasons or {}
+    outs = {
+        k: ActionOutcome(k, "request", outcome=v, reason=reasons.get(k, "queue_timeout" if v == "busy" else ""))
+        for k, v in outcomes.items()
+    }
+    for a in s.actions:
+        outs[a.id].started = a.at
     return RunResult(s.name, 0, outs, [], [], {}, False, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["original", "register_new", "reregister", "fault", "shutdown", "status", "status_all"],
+)
+def test_search_space_reaches_every_kind(what: str) -> None:
+    def has(s: Scenario) -> bool:
+        return {
+            "original": s.config.get("runtime") == "original" and all(m.slots == 1 for m in s.models),
+            "register_new": any(a.do == "register" and a.model == NEW_ID for a in s.actions),
+            "reregister": any(a.do == "register" and a.model == "a" and "slots" in a.params for a in s.actions),
+            "fault": any(a.do == "fault" and "null_primary" in a.params["set"] for a in s.actions),
+            "shutdown": any(a.do == "shutdown" for a in s.actions) and any(a.do == "request" for a in s.actions),
+            "status": any(a.do == "status" and a.model for a in s.actions),
+            "status_all": any(a.do == "status" and not a.model for a in s.actions),
+        }[what]
+
+    cfg = settings(max_examples=2000, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    s = find(scenarios(), has, settings=cfg)
+    assert check(s)[0] == []
+
+
+def test_generic_expectations_after_shutdown_and_on_the_original_runtime() -> None:
+    s = parse(
+        {
+            "config": {"runtime": "original"},
+            "models": [{"id": "m"}],
+            "actions": [
+                {"at": 0, "do": "request", "id": "early", "model": "m"},
+                {"at": 1, "do": "shutdown", "id": "stop"},
+                {"at": 2, "do": "request", "id": "late", "model": "m"},
+                {"at": 2, "do": "load", "id": "late_load", "model": "m"},
+                {"at": 2, "do": "request", "id": "unknown", "model": "c"},
+                {"at": 3, "do": "register", "id": "reg", "model": "c", "slots": 1},
+            ],
+        }
+    )
+    base = {"early": "ok", "stop": "ok", "late": "busy", "late_load": "busy", "unknown": "not_found", "reg": "invalid"}
+    reasons = {"late": "shutting_down", "late_load": "shutting_down", "reg": "slots_require_parallel"}
+    assert generic_failures(s, _result(s, base, reasons)) == []
+    served = generic_failures(s, _result(s, {**base, "late": "ok", "late_load": "ok"}, reasons))
+    assert [f.split(":")[0] for f in served] == ["late", "late_load"]
+    timed_out = generic_failures(s, _result(s, base, {**reasons, "late": "queue_timeout"}))
+    assert [f.split(":")[0] for f in timed_out] == ["late"]
+    allowed = generic_failures(s, _result(s, {**base, "reg": "busy"}, {**reasons, "reg": "shutting_down"}))
+    assert [f.split(":")[0] for f in allowed] == ["reg"], "explicit slots on the original runtime are invalid first"
+    early_busy = generic_failures(s, _result(s, {**base, "early": "busy"}, reasons))
+    assert [f.split(":")[0] for f in early_busy] == ["early"], "before shutdown an unbounded request is served"
+    written = expectations(s, None)
+    assert written.expect == ()  # the real code passes: nothing to pin
+
+
+def test_a_late_request_is_refused_after_shutdown_on_the_real_code() -> None:
+    s = parse(
+        {
+            "models": [{"id": "m", "lazy": False}],
+            "actions": [
+                {"at": 0, "do": "request", "id": "r1", "model": "m", "duration": 2.0},
+                {"at": 1, "do": "shutdown", "id": "stop"},
+                {"at": 1.5, "do": "register", "id": "reg", "model": NEW_ID},
+                {"at": 1.5, "do": "stream", "id": "late", "model": "m"},
+            ],
+        }
+    )
+    failures, result = check(s)
+    assert failures == [], failures
+    assert result is not None
+    assert (result.outcomes["reg"].outcome, result.outcomes["reg"].reason) == ("busy", "shutting_down")
+    assert result.outcomes["r1"].outcome == "ok", "work admitted before shutdown drains"
 
 
 def test_generic_expectations() -> None:
