@@ -162,12 +162,12 @@ async def _main(
             violations.append(f"t={clock.now():.6f} {text}")
 
     def on_step() -> None:
-        for v in check_registry(rt.core.registry, clock.now()):
-            note(str(v))
-        for v in rt.violations:
-            note(f"invariant 6/2: {v}")
-        for v in provider.premature:
-            note(f"invariant 6: {v}")
+        for violation in check_registry(rt.core.registry, clock.now()):
+            note(str(violation))
+        for text in rt.violations:
+            note(f"invariant 6/2: {text}")
+        for text in provider.premature:
+            note(f"invariant 6: {text}")
 
     def on_stall() -> bool:
         nonlocal stalls
