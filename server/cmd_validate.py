@@ -1,6 +1,6 @@
 """``voxpool validate``: run seed 003's gate for one model family at one slot count.
 
-The model half (M1-M6) comes from :mod:`server.validate`. The framework half
+The model half (M1-M6) comes from :mod:`server.validation`. The framework half
 (F1-F6) maps each group to the tests that hold its evidence; a group is PASS
 only when ``--framework`` ran those tests in this command and they passed, and
 it has no known unmapped assertion; otherwise it stays PENDING.
@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from server.validate import FAIL, PASS, PENDING, ROOT, run_gate
+from server.validation import FAIL, PASS, PENDING, ROOT, run_gate
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ import pytest
 from server import cli
 from server.cmd_validate import GROUPS, build_record, run_pytest
 from server.provider import ThreadedProvider
-from server.validate import MIN_STARTS, MIN_WAVES, GateProvider
+from server.validation import MIN_STARTS, MIN_WAVES, GateProvider
 
 FIELDS = {"id", "title", "applicability", "status", "tested", "evidence", "reproduction", "limitations"}
 
