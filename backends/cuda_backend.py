@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from backends.base import Array
-from backends.numpy_backend import ERF_ALPHA, ERF_BETA
+from backends.erf import ERF_ALPHA, ERF_BETA, c_source
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _BLOCK = 256  # threads per block of the row kernels (a power of two)
@@ -41,25 +41,7 @@ _CONV_CHUNK = 1 << 26  # im2col elements per time chunk (256 MB of float32)
 _CUDA_SOURCE = r"""
 #define RB 256
 
-__device__ float vox_erf(float x) {
-    x = fminf(fmaxf(x, -4.0f), 4.0f);
-    const float x2 = x * x;
-    float p = x2 * -2.72614225801306e-10f;
-    p += 2.77068142495902e-08f;  p *= x2;
-    p += -2.10102402082508e-06f; p *= x2;
-    p += -5.69250639462346e-05f; p *= x2;
-    p += -7.34990630326855e-04f; p *= x2;
-    p += -2.95459980854025e-03f; p *= x2;
-    p += -1.60960333262415e-02f;
-    float q = x2 * -1.45660718464996e-05f;
-    q += -2.13374055278905e-04f; q *= x2;
-    q += -1.68282697438203e-03f; q *= x2;
-    q += -7.37332916720468e-03f; q *= x2;
-    q += -1.42647390514189e-02f;
-    p *= x;
-    return p / q;
-}
-
+""" + c_source("__device__", "fminf(fmaxf(x, -4.0f), 4.0f)") + r"""
 __device__ float vox_max(float a, float b) { return (b > a || isnan(b)) ? b : a; }
 
 __device__ float block_reduce(float* buf, float v, int op) {

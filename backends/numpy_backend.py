@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from backends.base import Array
+from backends.erf import ERF_ALPHA, ERF_BETA
 
 
 class NumpyBackend:
@@ -320,29 +321,6 @@ def _erf(x: np.ndarray) -> np.ndarray:
     p /= q
     return p
 
-
-ERF_ALPHA = [
-    np.float32(c)
-    for c in (
-        -2.72614225801306e-10,
-        2.77068142495902e-08,
-        -2.10102402082508e-06,
-        -5.69250639462346e-05,
-        -7.34990630326855e-04,
-        -2.95459980854025e-03,
-        -1.60960333262415e-02,
-    )
-]
-ERF_BETA = [
-    np.float32(c)
-    for c in (
-        -1.45660718464996e-05,
-        -2.13374055278905e-04,
-        -1.68282697438203e-03,
-        -7.37332916720468e-03,
-        -1.42647390514189e-02,
-    )
-]
 
 
 _COLS_BYTES = 1 << 21

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -96,6 +96,7 @@ class FakeFactory:
     spec: ModelSpec
     script: FakeScript
     weights: FakeWeights
+    new_session: Callable[[FakeFactory], FakeSession]  # the provider's books: every session counted
 
     @property
     def family(self) -> str:
@@ -113,11 +114,13 @@ class FakeFactory:
         cap = self.spec.session_options.get("capacity", self.script.capacity)
         return int(cap)
 
-    def create(self) -> Session:  # pragma: no cover - the provider creates with timing
-        raise NotImplementedError("use FakeProvider.create")
+    def create(self) -> Session:
+        """A session at once (the provider adds the scripted time and faults around it)."""
+        return self.new_session(self)
 
-    def clone(self, primary: Session) -> Session:  # pragma: no cover
-        raise NotImplementedError("use FakeProvider.clone")
+    def clone(self, primary: Session) -> Session:
+        """Another session on the same weights."""
+        return self.new_session(self)
 
 
 class FakeRunError(RuntimeError):
@@ -158,7 +161,7 @@ class FakeProvider:
             raise RuntimeError(f"injected load failure for '{spec.id}'")
         self.live_weights[spec.id] = self.live_weights.get(spec.id, 0) + 1
         self._log(spec.id, "load_done")
-        return FakeFactory(spec, script, FakeWeights(spec.id, spec.path or spec.id))  # type: ignore[return-value]
+        return FakeFactory(spec, script, FakeWeights(spec.id, spec.path or spec.id), self._session)
 
     async def release(self, spec: ModelSpec, factory: SessionFactory) -> None:
         assert isinstance(factory, FakeFactory)
@@ -183,7 +186,7 @@ class FakeProvider:
         if factory.script.null_primary > 0:
             factory.script.null_primary -= 1
             return None  # type: ignore[return-value]
-        return self._session(factory)  # type: ignore[return-value]
+        return factory.create()
 
     async def clone(self, factory: SessionFactory, primary: Session) -> Session:
         assert isinstance(factory, FakeFactory)
@@ -193,7 +196,7 @@ class FakeProvider:
         if factory.script.fail_clone_at is not None and self.clone_attempts[model] == factory.script.fail_clone_at:
             factory.script.fail_clone_at = None
             raise RuntimeError(f"injected clone failure for '{model}'")
-        return self._session(factory)  # type: ignore[return-value]
+        return factory.clone(primary)
 
     async def close(self, session: Session) -> None:
         assert isinstance(session, FakeSession)

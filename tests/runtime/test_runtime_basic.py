@@ -229,3 +229,17 @@ def test_original_runtime_rejects_explicit_slots_on_registration() -> None:
     message, rt, fp = simulate(body, config=config, specs=[ModelSpec("m", "fake")])
     assert "slots requires --parallel-jobs" in message
     assert "new" not in rt.specs
+
+
+def test_fake_factory_builds_pools_synchronously_too() -> None:
+    """The fake factory satisfies the SessionFactory protocol on its own (core.pool.build_pool)."""
+    import anyio
+
+    from core.pool import build_pool
+    from server.runtime import SystemClock
+
+    provider = FakeProvider(SystemClock(), {"m": FakeScript(load_time=0, capacity=4)})
+    factory = anyio.run(provider.load, ModelSpec("m", "fake"))
+    pool = build_pool(factory, 3)
+    assert pool.size == 3 and len({s.sid for s in pool.sessions}) == 3  # type: ignore[attr-defined]
+    assert provider.live_sessions["m"] == 3
