@@ -140,14 +140,19 @@ class TtsAdapter:
         return audio.size / rate
 
 
-class AsrAdapter:
+class ServesEveryMode:
+    """Families whose sessions stream and batch in either mode: nothing to refuse."""
+
+    def check(self, spec_id: str, mode: str, what: str) -> None:
+        return None
+
+
+class AsrAdapter(ServesEveryMode):
     """whisper: 16 kHz audio in, text and segments out (every mode streams and batches)."""
 
     task = "asr"
     sample_rate = 16000
 
-    def check(self, spec_id: str, mode: str, what: str) -> None:
-        return None
 
     def voices(self) -> list[str]:
         return []
@@ -191,14 +196,12 @@ class AsrAdapter:
         return float(result.duration)
 
 
-class VadAdapter:
+class VadAdapter(ServesEveryMode):
     """silero_vad: 16 kHz audio in, speech segments and probabilities out (every mode streams and batches)."""
 
     task = "vad"
     sample_rate = 16000
 
-    def check(self, spec_id: str, mode: str, what: str) -> None:
-        return None
 
     def voices(self) -> list[str]:
         return []

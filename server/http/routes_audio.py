@@ -22,7 +22,7 @@ from server.audio import (
 from server.families import bad, timing
 from server.http.body import boolean, busy_timeout, form_fields, is_multipart, json_object
 from server.http.state import ServerState
-from server.http.streaming import LeasedResponse, sse, sse_error
+from server.http.streaming import LeasedResponse, sse_events
 
 SPEECH_FORMATS = ("wav", "pcm", "json", "b64_json")
 TRANSCRIPT_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
@@ -87,25 +87,17 @@ async def speech_stream(st: ServerState, model: str, req: Any, timeout: int | No
 
     if stream_format == "sse":
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[dict[str, Any]]:
             first: float | None = None
-            sent = 0
-            try:
-                async for chunk in chunks:
-                    if first is None:
-                        first = time.perf_counter() - t0
-                    sent += 1
-                    yield sse({"type": "speech.audio.delta", "audio": b64encode(pcm16(chunk.audio))})
-                if not sent:
-                    yield sse({"type": "error", "error": {"message": "the model produced no audio"}})
-                    return
-                ttft = None if first is None else round(first * 1000.0, 3)
-                yield sse({"type": "speech.audio.done", "timing": {"ttft_ms": ttft}})
-                yield sse("[DONE]")
-            except Exception as exc:
-                yield sse_error(exc)
+            async for chunk in chunks:
+                if first is None:
+                    first = time.perf_counter() - t0
+                yield {"type": "speech.audio.delta", "audio": b64encode(pcm16(chunk.audio))}
+            if first is None:
+                raise ValueError("the model produced no audio")
+            yield {"type": "speech.audio.done", "timing": {"ttft_ms": round(first * 1000.0, 3)}}
 
-        return LeasedResponse(events(), stack, "text/event-stream")
+        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
 
     async def audio() -> AsyncIterator[bytes]:
         header_sent = False
@@ -187,22 +179,18 @@ async def transcriptions(request: Request) -> Response:
         stack, chunks = await open_leased_stream(st, spec.id, req, timeout)
         t0 = time.perf_counter()
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncIterator[dict[str, Any]]:
             texts: list[str] = []
             first: float | None = None
-            try:
-                async for seg in chunks:
-                    if first is None:
-                        first = time.perf_counter() - t0
-                    texts.append(seg.text)
-                    yield sse({"type": "transcript.text.delta", "delta": seg.text, "segment": adapter.chunk_json(seg)})
-                ttft = None if first is None else round(first * 1000.0, 3)
-                yield sse({"type": "transcript.text.done", "text": "".join(texts).strip(), "timing": {"ttft_ms": ttft}})
-                yield sse("[DONE]")
-            except Exception as exc:
-                yield sse_error(exc)
+            async for seg in chunks:
+                if first is None:
+                    first = time.perf_counter() - t0
+                texts.append(seg.text)
+                yield {"type": "transcript.text.delta", "delta": seg.text, "segment": adapter.chunk_json(seg)}
+            ttft = None if first is None else round(first * 1000.0, 3)
+            yield {"type": "transcript.text.done", "text": "".join(texts).strip(), "timing": {"ttft_ms": ttft}}
 
-        return LeasedResponse(events(), stack, "text/event-stream")
+        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
     result = await st.runtime.run(spec.id, req, timeout)
     info = timing(time.perf_counter() - t0, adapter.duration(result))
@@ -230,17 +218,13 @@ async def vad(request: Request) -> Response:
     if boolean(body, "stream"):
         stack, chunks = await open_leased_stream(st, spec.id, req, timeout)
 
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in chunks:
-                    for event in chunk.events:
-                        yield sse({"type": f"vad.speech.{event.kind}", "sample": int(event.sample), "time": round(event.seconds, 4)})
-                yield sse({"type": "vad.done"})
-                yield sse("[DONE]")
-            except Exception as exc:
-                yield sse_error(exc)
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for chunk in chunks:
+                for event in chunk.events:
+                    yield {"type": f"vad.speech.{event.kind}", "sample": int(event.sample), "time": round(event.seconds, 4)}
+            yield {"type": "vad.done"}
 
-        return LeasedResponse(events(), stack, "text/event-stream")
+        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
     result = await st.runtime.run(spec.id, req, timeout)
     payload = adapter.json(result, probabilities=boolean(body, "include_probabilities"))

@@ -14,7 +14,7 @@ from server.families import bad, timing
 from server.http.body import busy_timeout, json_object
 from server.http.routes_audio import audio_input, open_leased_stream, state_of
 from server.http.state import ServerState
-from server.http.streaming import LeasedResponse, sse, sse_error
+from server.http.streaming import LeasedResponse, sse_events
 from server.runtime.ports import ModelSpec
 
 MAX_BATCH = 64
@@ -77,19 +77,15 @@ async def batch(request: Request) -> Response:
         raise
     t0 = time.perf_counter()
 
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            results = await st.runtime.batch_on(held, reqs)
-            total = 0.0
-            for i, result in enumerate(results):
-                total += st.adapter(spec).duration(result)
-                yield sse({"type": "task.batch.result", "index": i, "result": {**result_json(st, spec, result), "timing": None}})
-            yield sse({"type": "task.batch.done", "result_count": len(results), "timing": timing(time.perf_counter() - t0, total)})
-            yield sse("[DONE]")
-        except Exception as exc:
-            yield sse_error(exc)
+    async def events() -> AsyncIterator[dict[str, Any]]:
+        results = await st.runtime.batch_on(held, reqs)
+        total = 0.0
+        for i, result in enumerate(results):
+            total += st.adapter(spec).duration(result)
+            yield {"type": "task.batch.result", "index": i, "result": {**result_json(st, spec, result), "timing": None}}
+        yield {"type": "task.batch.done", "result_count": len(results), "timing": timing(time.perf_counter() - t0, total)}
 
-    return LeasedResponse(events(), stack, "text/event-stream")
+    return LeasedResponse(sse_events(events()), stack, "text/event-stream")
 
 
 async def stream(request: Request) -> Response:
@@ -117,4 +113,4 @@ async def stream(request: Request) -> Response:
     return JSONResponse({"events": events, "result": {"timing": {"ttft_ms": ttft, "wall_ms": round((time.perf_counter() - t0) * 1000, 3)}}})
 
 
-__all__ = ["batch", "run", "sse_error", "stream"]
+__all__ = ["batch", "run", "stream"]

@@ -45,3 +45,17 @@ class LeasedResponse(StreamingResponse):
 
 def sse_error(exc: BaseException) -> bytes:
     return sse({"type": "error", "error": {"message": str(exc) or type(exc).__name__}})
+
+
+async def sse_events(payloads: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """Every payload as one SSE event, then ``[DONE]``; a failure mid-stream ends it with one error event.
+
+    Headers are already sent when a stream fails, so the error travels in the
+    body, as audio.cpp's transport does.
+    """
+    try:
+        async for payload in payloads:
+            yield sse(payload)
+        yield sse("[DONE]")
+    except Exception as exc:
+        yield sse_error(exc)
