@@ -84,6 +84,25 @@ class LoadOutcome:
     retry: StartLoad | None = None
 
 
+class Left(enum.Enum):
+    """What a departing load waiter was when it left (see :meth:`Lifecycle.abandon_wait`)."""
+
+    WAITER = "waiter"
+    """It was waiting for another holder's load: it just stops waiting."""
+    INITIALIZER = "initializer"
+    """A failed or refused load had named it the next initializer: the role passes on."""
+    NOTHING = "nothing"
+    """It was neither (the load it waited for already published): nothing to do."""
+
+
+@attrs.frozen
+class Abandoned:
+    """A waiter left: what it was, and who (if anyone) must now load in its place."""
+
+    left: Left
+    retry: StartLoad | None = None
+
+
 class LifecycleError(RuntimeError):
     """A transition asked for in a state that does not allow it (a runtime bug)."""
 
@@ -147,12 +166,28 @@ class Lifecycle:
             return LoadOutcome(False, retry=self._start(self.load_waiters.pop(0)))
         return LoadOutcome(False)
 
-    def abandon_wait(self, ticket: int) -> bool:
-        """A waiting holder went away (disconnect): stop waiting. True if it was waiting."""
+    def abandon_wait(self, ticket: int) -> Abandoned:
+        """A holder that waited for a load went away (disconnect) before it began loading.
+
+        If it is still waiting it just leaves the wait list. If a failed or
+        refused load already named it the next initializer (the failure and its
+        departure landed together), the role passes on: the next waiter becomes
+        the initializer, or, with none left, the model returns to unloaded. A
+        departing holder never leaves the model in ``loading`` with nobody
+        loading it (race report 2). Only a holder that has not begun its load
+        may call this.
+        """
         if ticket in self.load_waiters:
             self.load_waiters.remove(ticket)
-            return True
-        return False
+            return Abandoned(Left.WAITER)
+        if self.state is not ModelState.LOADING or ticket != self.initializer:
+            return Abandoned(Left.NOTHING)
+        self.state = ModelState.UNLOADED
+        self.initializer = None
+        self.loads_started -= 1  # it was named, never started
+        if self.load_waiters:
+            return Abandoned(Left.INITIALIZER, retry=self._start(self.load_waiters.pop(0)))
+        return Abandoned(Left.INITIALIZER)
 
     # ---------------------------------------------------------- management
     def begin_unload(self) -> Teardown | Nothing:

@@ -16,7 +16,8 @@ from typing import Any
 from core.admission import Cancelled, Decision, Granted, Queued, Rejected, Released, Wakeups
 from core.bulk import BulkUnload
 from core.events import Reason, TraceRecord
-from core.lifecycle import LoadOutcome, Nothing, Proceed, StartLoad, Teardown, WaitLoad
+from core.lease import LeaseKind
+from core.lifecycle import Abandoned, LoadOutcome, Nothing, Proceed, StartLoad, Teardown, WaitLoad
 from core.policy import RuntimeKind
 from core.registry import Existing, ModelEntry, Registered, Registry
 from core.residency import Eviction, ResidencyLimits, RoomDecision, retire_idle
@@ -111,8 +112,12 @@ class Core:
         return d
 
     def release(self, model: str, ticket: int, now: float) -> Released:
-        r = self.entry(model).admission.release(ticket, now)
-        summary = ("double " if r.double else "") + describe_wakeups(r.wakeups)
+        entry = self.entry(model)
+        r = entry.admission.release(ticket, now)
+        used = r.lease is not None and r.lease.kind is LeaseKind.REQUEST
+        if used:  # the end of a use: idle retirement and LRU eviction count from here
+            self.registry.touch(entry, now)
+        summary = ("double " if r.double else "") + describe_wakeups(r.wakeups) + (" used" if used else "")
         self._record(now, model, "release", {"ticket": ticket}, summary)
         return r
 
@@ -160,10 +165,11 @@ class Core:
         self._record(now, model, "load_failed", {"ticket": ticket}, f"retry={retry}")
         return outcome
 
-    def abandon_wait(self, model: str, ticket: int, now: float) -> bool:
-        gone = self.entry(model).lifecycle.abandon_wait(ticket)
-        self._record(now, model, "abandon_wait", {"ticket": ticket}, str(gone).lower())
-        return gone
+    def abandon_wait(self, model: str, ticket: int, now: float) -> Abandoned:
+        left = self.entry(model).lifecycle.abandon_wait(ticket)
+        retry = "" if left.retry is None else str(left.retry.ticket)
+        self._record(now, model, "abandon_wait", {"ticket": ticket}, f"{left.left.value} retry={retry}")
+        return left
 
     def begin_unload(self, model: str, now: float) -> Teardown | Nothing:
         d = self.entry(model).lifecycle.begin_unload()
@@ -183,11 +189,22 @@ class Core:
         self.entry(model).lifecycle.reject_reconfigure()
         self._record(now, model, "reject_reconfigure", {}, "ok", reason.value)
 
-    def commit_reconfigure(self, model: str, slots: int, now: float, config: Any = None) -> Teardown | Nothing:
-        d = self.entry(model).commit_reconfigure(slots, config)
+    def commit_reconfigure(
+        self, model: str, slots: int, now: float, config: Any = None, memory_bytes: int | None = None
+    ) -> Teardown | Nothing:
+        d = self.entry(model).commit_reconfigure(slots, config, memory_bytes)
         summary = f"teardown gen={d.generation}" if isinstance(d, Teardown) else "nothing"
-        self._record(now, model, "commit_reconfigure", {"slots": slots}, summary)
+        args: dict[str, Any] = {"slots": slots}
+        if memory_bytes is not None:
+            args["memory_bytes"] = memory_bytes
+        self._record(now, model, "commit_reconfigure", args, summary)
         return d
+
+    def set_memory(self, model: str, memory_bytes: int, now: float) -> bool:
+        """An operational update of ``model``'s memory estimate (no reload); False if refused."""
+        ok = self.registry.set_memory(self.entry(model), memory_bytes)
+        self._record(now, model, "set_memory", {"memory_bytes": memory_bytes}, "ok" if ok else "refused")
+        return ok
 
     # ------------------------------------------------------------ bulk, idle
     def bulk_publish(self, ids: Iterable[str] | None, now: float) -> BulkUnload:

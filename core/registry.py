@@ -43,15 +43,21 @@ class ModelEntry:
     def resident(self) -> bool:
         return self.lifecycle.resident
 
-    def commit_reconfigure(self, slots: int, config: Any = None) -> Teardown | Nothing:
+    def commit_reconfigure(
+        self, slots: int, config: Any = None, memory_bytes: int | None = None
+    ) -> Teardown | Nothing:
         """Under the exclusive lease: resize, start a new generation and swap the config.
 
         Requests admitted before the barrier ran on the old generation; every
         request admitted after it binds the new one. The old pool, if any, must be
-        torn down (the returned :class:`Teardown`) before the new one loads.
+        torn down (the returned :class:`Teardown`) before the new one loads, and
+        the new configuration's memory estimate (if given) is what its load is
+        measured against.
         """
         generation = self.admission.configure(slots)
         self.config = config if config is not None else self.config
+        if memory_bytes is not None:
+            self.memory_bytes = memory_bytes
         self.capacity = None
         return self.lifecycle.commit_reconfigure(generation)
 
@@ -206,7 +212,7 @@ class Registry:
         self, entry: ModelEntry, ticket: int, now: float
     ) -> Proceed | WaitLoad | RoomDecision:
         """A lease holder needs ``entry``'s pool: proceed, wait, or load (making room first)."""
-        entry.last_used = now
+        self.touch(entry, now)
         decision = entry.lifecycle.ensure_loaded(ticket)
         if not isinstance(decision, StartLoad):
             return decision
@@ -226,6 +232,24 @@ class Registry:
             return attrs.evolve(room, retry=outcome.retry)
         return attrs.evolve(room, load=start)
 
+    def set_memory(self, entry: ModelEntry, memory_bytes: int) -> bool:
+        """Change ``entry``'s memory estimate in place (an operational field, no reload).
+
+        A model that is not resident takes any estimate; a resident one takes it
+        only if every resident model still fits the memory budget (True), else
+        nothing changes (False): the estimate never pushes residency past the
+        budget behind the limits' back.
+        """
+        budget = self.limits.memory_budget
+        if entry.resident and budget > 0:
+            others = sum(e.memory_bytes for e in self._entries.values() if e.resident and e is not entry)
+            if others + memory_bytes > budget:
+                return False
+        entry.memory_bytes = memory_bytes
+        return True
+
     def touch(self, entry: ModelEntry, now: float) -> None:
-        """Record use (LRU order and idle retirement)."""
+        """Record use (LRU order and idle retirement): when a holder starts on the pool
+        (:meth:`ensure_loaded`) and when a request lease ends (``Core.release``), so a
+        model is idle from the end of its last use, not its start (reference §4.8)."""
         entry.last_used = now

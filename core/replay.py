@@ -134,7 +134,10 @@ def _apply(core: Core, rec: TraceRecord) -> None:
     elif ev == "reject_reconfigure":
         core.reject_reconfigure(m, t, Reason(rec.reason))
     elif ev == "commit_reconfigure":
-        core.commit_reconfigure(m, int(a["slots"]), t)
+        memory = a.get("memory_bytes")
+        core.commit_reconfigure(m, int(a["slots"]), t, memory_bytes=None if memory is None else int(memory))
+    elif ev == "set_memory":
+        core.set_memory(m, int(a["memory_bytes"]), t)
     elif ev == "bulk_publish":
         ids = a.get("ids")
         core.bulk_publish(None if ids is None else list(ids), t)

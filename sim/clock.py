@@ -3,10 +3,20 @@
 Every timed wait in a simulation (fake session work, scenario arrivals, the
 runtime's admission deadlines) goes through :meth:`SimClock.sleep_until`. The
 driver (:meth:`SimClock.drive`) waits until every task is blocked, then wakes
-exactly one sleeper: the earliest; among sleepers due at the same instant, the
-one the seeded RNG picks. So which of several simultaneous completions,
-timeouts and arrivals goes first is the simulator's choice, reproducible from
-the seed, and different seeds explore different legal orders.
+the earliest sleepers, in one of two scheduling modes (:class:`Scheduling`):
+
+* ``ONE_AT_A_TIME``: exactly one sleeper per step; among sleepers due at the
+  same instant, the one the seeded RNG picks, and the system runs to
+  quiescence before the next. Simultaneous events are *ordered*, never
+  interleaved inside their handlers.
+* ``TOGETHER``: every sleeper due at the earliest instant wakes in the same
+  step, and trio's seeded run queue interleaves their tasks checkpoint by
+  checkpoint, as real trio and asyncio do. This reaches races between two
+  events of one instant (a disconnect landing while a load fails) that the
+  first mode cannot.
+
+Which mode a run uses is chosen by its seed (swarm style, :meth:`Scheduling.for_seed`)
+unless the scenario names one. Either way, the same seed gives the same run.
 
 trio's own scheduler is made deterministic too (see :func:`seed_trio`): it only
 orders tasks made runnable by the same wake-up, and with a seeded shuffle that
@@ -15,6 +25,7 @@ order is a function of the seed as well.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import math
@@ -24,6 +35,18 @@ from collections.abc import Callable
 import attrs
 import trio
 import trio.testing
+
+
+class Scheduling(enum.Enum):
+    """How the driver wakes sleepers due at the same instant."""
+
+    ONE_AT_A_TIME = "one_at_a_time"
+    TOGETHER = "together"
+
+    @classmethod
+    def for_seed(cls, seed: int) -> Scheduling:
+        """The mode a run with ``seed`` uses when its scenario names none (half the seeds each)."""
+        return cls.TOGETHER if random.Random(seed * 2654435761 + 97).random() < 0.5 else cls.ONE_AT_A_TIME
 
 
 def seed_trio(seed: int) -> None:
@@ -46,9 +69,15 @@ class _Sleeper:
 class SimClock:
     """The virtual clock and the one place where simultaneous events are ordered."""
 
-    def __init__(self, rng: random.Random, mock: trio.testing.MockClock | None = None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        mock: trio.testing.MockClock | None = None,
+        scheduling: Scheduling = Scheduling.ONE_AT_A_TIME,
+    ) -> None:
         self.rng = rng
         self.mock = mock
+        self.scheduling = scheduling
         self._now = 0.0
         # a heap of (deadline, seq, sleeper); cancelled sleepers stay until popped
         self._sleepers: list[tuple[float, int, _Sleeper]] = []
@@ -88,7 +117,7 @@ class SimClock:
         on_step: Callable[[], None] | None = None,
         on_stall: Callable[[], bool] | None = None,
     ) -> None:
-        """Wake sleepers one at a time until none is left (or virtual time passes ``limit``).
+        """Wake sleepers (as :attr:`scheduling` says) until none is left (or virtual time passes ``limit``).
 
         ``on_step`` runs each time the system is quiescent (every task blocked),
         before the next wake-up: the place to check invariants. ``on_stall``
@@ -116,16 +145,20 @@ class SimClock:
                     due.append(sleeper)
             if len(due) > 1:
                 self.ties += 1
-                chosen = due[self.rng.randrange(len(due))]
-                for other in due:
-                    if other is not chosen:
-                        heapq.heappush(heap, (other.deadline, other.seq, other))
+            if self.scheduling is Scheduling.TOGETHER:
+                self.rng.shuffle(due)  # the order their tasks enter trio's (seeded) run queue
+                chosen = due
             else:
-                chosen = due[0]
+                pick = due[self.rng.randrange(len(due))] if len(due) > 1 else due[0]
+                for other in due:
+                    if other is not pick:
+                        heapq.heappush(heap, (other.deadline, other.seq, other))
+                chosen = [pick]
             if self.mock is not None and first > self._now:
                 self.mock.jump(first - self._now)
             self._now = first
-            self._live -= 1
-            chosen.fired = True
-            self.wakeups += 1
-            chosen.event.set()
+            for sleeper in chosen:
+                self._live -= 1
+                sleeper.fired = True
+                self.wakeups += 1
+                sleeper.event.set()

@@ -38,7 +38,9 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
     print(f"scenario: {scenario.name} (seed {result.seed})", file=out)
     for line in action_table(scenario, result):
         print(line, file=out)
-    print(f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} tie-breaks", file=out)
+    print(f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} tie-breaks, {result.scheduling.value} scheduling", file=out)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=out)
     if failures:
         print(f"FAILED: {len(failures)} expectation(s) or invariant(s) not met", file=out)
         for f in failures:

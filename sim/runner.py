@@ -31,9 +31,9 @@ from server.runtime import (
     RuntimeConfig,
 )
 from server.runtime.tracing import TraceLog
-from sim.clock import SimClock, seed_trio
+from sim.clock import Scheduling, SimClock, seed_trio
 from sim.fakes import FakeProvider, FakeScript
-from sim.scenario import Action, Scenario
+from sim.scenario import Action, Expect, Scenario
 
 
 @attrs.define
@@ -48,6 +48,7 @@ class ActionOutcome:
     result: Any = None
     started: float = math.nan
     ended: float = math.nan
+    granted: float = math.nan  # request/batch: when its lease was granted
 
 
 @attrs.define
@@ -63,6 +64,8 @@ class RunResult:
     stalled: bool
     end_time: float
     ties: int
+    scheduling: Scheduling = Scheduling.ONE_AT_A_TIME
+    warnings: list[str] = attrs.field(factory=list)
 
     def trace_text(self) -> str:
         return "".join(r.to_json() + "\n" for r in self.trace)
@@ -70,6 +73,10 @@ class RunResult:
     @property
     def ok(self) -> bool:
         return not self.violations and not self.stalled
+
+
+SPEC_FIELDS = ("slots", "path", "capacity", "lazy", "busy_timeout_ms", "memory_bytes", "task", "mode", "family")
+"""What a register or reconfigure action may set (every field of a model's spec)."""
 
 
 def model_spec(scenario: Scenario, model_id: str, **overrides: Any) -> ModelSpec:
@@ -124,7 +131,8 @@ async def _main(
     mock: trio.testing.MockClock,
     box: dict[str, RunResult],
 ) -> None:
-    clock = SimClock(random.Random(seed), mock)
+    scheduling = Scheduling(scenario.scheduling) if scenario.scheduling else Scheduling.for_seed(seed)
+    clock = SimClock(random.Random(seed), mock, scheduling)
     scripts = {m.id: FakeScript.from_mapping(m.script) for m in scenario.models}
     provider = FakeProvider(clock, scripts)
     log = TraceLog(trace_out)
@@ -148,6 +156,7 @@ async def _main(
     scopes: dict[str, trio.CancelScope] = {}
     doomed: set[str] = set()
     violations: list[str] = []
+    warnings: list[str] = []
     seen: set[str] = set()
     stalls = 0
     scenario_scope = trio.CancelScope()
@@ -221,14 +230,19 @@ async def _main(
         p = a.params
         timeout = p.get("timeout_ms")
         if a.do == "request":
-            return await rt.run(a.model, {"duration": p.get("duration", scripts.get(a.model, FakeScript()).run_time), "fail": p.get("fail", False)}, timeout)
+            req = {"duration": p.get("duration", scripts.get(a.model, FakeScript()).run_time), "fail": p.get("fail", False)}
+            async with rt.acquire(a.model, timeout) as held:
+                outcomes[a.id].granted = held.lease.granted_at
+                return await rt.run_on(held, req)
         if a.do == "stream":
             req = {k: p[k] for k in ("chunks", "chunk_time") if k in p}
             async with rt.open_stream(a.model, req, timeout) as chunks:
                 return [c async for c in chunks]
         if a.do == "batch":
             item = {"duration": p.get("duration", scripts.get(a.model, FakeScript()).run_time)}
-            return await rt.batch(a.model, [item] * int(p.get("count", 2)), timeout)
+            async with rt.acquire(a.model, timeout) as held:
+                outcomes[a.id].granted = held.lease.granted_at
+                return await rt.batch_on(held, [item] * int(p.get("count", 2)))
         if a.do == "load":
             return await rt.load_model(a.model)
         if a.do == "unload":
@@ -239,11 +253,12 @@ async def _main(
                 check = validate_slots_for_runtime(kind, p["slots"])
                 if isinstance(check, Invalid):
                     raise InvalidRequestError(check.reason, check.message)
-            overrides = {k: p[k] for k in ("slots", "path", "capacity") if k in p}
+            overrides = {k: p[k] for k in SPEC_FIELDS if k in p}
+            if "script" in p and a.model not in scripts:  # a runtime-registered model's timings and faults
+                scripts[a.model] = provider.scripts[a.model] = FakeScript.from_mapping(p["script"])
             spec = model_spec(scenario, a.model, **overrides)
-            if a.do == "register":
-                return await rt.register(spec)
-            return await rt.reconfigure(spec)
+            changed = await (rt.register(spec) if a.do == "register" else rt.reconfigure(spec))
+            return {"reconfigured": changed}
         if a.do == "bulk_unload":
             result = await rt.bulk_unload(p.get("ids"))
             return {"unloaded": list(result.unloaded), "not_found": list(result.not_found)}
@@ -280,6 +295,12 @@ async def _main(
                 for m in scenario.models:
                     if not m.lazy:
                         await rt.load_model(m.id)
+                warnings.extend(
+                    f"action {a.id} at {a.at} is scheduled before the start-up loads finish "
+                    f"({clock.now():.6f}): it starts then"
+                    for a in scenario.actions
+                    if a.at < clock.now()
+                )
                 async with trio.open_nursery() as clients:
                     for action in scenario.actions:
                         clients.start_soon(perform, action)
@@ -296,8 +317,12 @@ async def _main(
                 }
             shutting_down = True
             if not rt.closed:  # not rt.closing: a scenario's shutdown may have been cancelled half-way
-                with shutdown_scope:
-                    await rt.shutdown()
+                try:
+                    with shutdown_scope:
+                        await rt.shutdown()
+                except Exception as exc:  # a wedged model can make teardown itself fail
+                    note(f"invariant 10: shutdown failed: {type(exc).__name__}: {exc}")
+                    rt.closed = True
                 if shutdown_scope.cancelled_caught:
                     rt.closed = True  # the stall is reported; leaving the runtime must not retry it
         on_step()
@@ -321,6 +346,8 @@ async def _main(
         stalled=stalls > 0,
         end_time=clock.now(),
         ties=clock.ties,
+        scheduling=clock.scheduling,
+        warnings=warnings,
     )
 
 
@@ -329,25 +356,7 @@ def check_expectations(scenario: Scenario, result: RunResult) -> list[str]:
     failures = list(result.violations)
     outs = result.outcomes
     for e in scenario.expect:
-        o = outs[e.id]
-        if e.outcome is not None and o.outcome != e.outcome:
-            failures.append(f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected {e.outcome}")
-        if e.reason is not None and o.reason != e.reason:
-            failures.append(f"{e.id}: reason {o.reason!r}, expected {e.reason!r}")
-        if e.message is not None and e.message not in o.message:
-            failures.append(f"{e.id}: message {o.message!r} lacks {e.message!r}")
-        if e.revision is not None:
-            revisions = _revisions(o.result)
-            if revisions != {e.revision}:
-                failures.append(f"{e.id}: ran on revision(s) {sorted(revisions)}, expected {e.revision!r}")
-        if e.result is not None:
-            got = o.result if isinstance(o.result, dict) else {}
-            for key, value in e.result.items():
-                if _plain(got.get(key)) != _plain(value):
-                    failures.append(f"{e.id}: result {key} = {got.get(key)!r}, expected {value!r}")
-        for other in e.session_distinct_from:
-            if _sessions(o.result) & _sessions(outs[other].result):
-                failures.append(f"{e.id} and {other} ran on the same session")
+        failures += _check_expect(e, outs)
     for first, then in scenario.order:
         a, b = outs[first], outs[then]
         if not (a.ended < b.ended or (a.ended == b.ended and _end_seq(result, first) < _end_seq(result, then))):
@@ -355,14 +364,68 @@ def check_expectations(scenario: Scenario, result: RunResult) -> list[str]:
     for model, expected in scenario.final.items():
         got = result.final.get(model, {})
         for key, value in expected.items():
-            if got.get(key) != value:
+            if not _matches(value, got.get(key)):
                 failures.append(f"final {model}.{key} = {got.get(key)!r}, expected {value!r}")
     return failures
 
 
-def _plain(value: Any) -> Any:
-    """Tuples and lists compare alike (TOML arrays against runtime tuples)."""
-    return list(value) if isinstance(value, tuple | list) else value
+def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
+    """What one action's expectation finds wrong."""
+    failures = []
+    o = outs[e.id]
+    if e.outcome is not None and o.outcome not in e.outcome:
+        failures.append(f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected {' or '.join(e.outcome)}")
+    if e.reason is not None and o.outcome != "ok" and o.reason not in e.reason:
+        failures.append(f"{e.id}: reason {o.reason!r}, expected {' or '.join(map(repr, e.reason))}")
+    if e.message is not None and e.message not in o.message:
+        failures.append(f"{e.id}: message {o.message!r} lacks {e.message!r}")
+    if e.revision is not None:
+        revisions = _revisions(o.result)
+        if revisions != {e.revision}:
+            failures.append(f"{e.id}: ran on revision(s) {sorted(revisions)}, expected {e.revision!r}")
+    if e.granted_at is not None and not _matches(e.granted_at, o.granted):
+        failures.append(f"{e.id}: granted at {o.granted}, expected {e.granted_at!r}")
+    got = o.result if isinstance(o.result, dict) else {}
+    if e.result is not None:
+        for key, value in e.result.items():
+            if not _matches(value, got.get(key)):
+                failures.append(f"{e.id}: result {key} = {got.get(key)!r}, expected {value!r}")
+    for key in e.null:
+        if key not in got or got[key] is not None:
+            failures.append(f"{e.id}: result {key} = {got.get(key, '<missing>')!r}, expected null")
+    for other in e.session_distinct_from:
+        if _sessions(o.result) & _sessions(outs[other].result):
+            failures.append(f"{e.id} and {other} ran on the same session")
+    for other in e.session_same_as:
+        mine, theirs = _sessions(o.result), _sessions(outs[other].result)
+        if not mine or mine != theirs:
+            failures.append(f"{e.id} ran on session(s) {sorted(mine)}, {other} on {sorted(theirs)}: expected the same")
+    return failures
+
+
+def _is_range(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and set(value) <= {"min", "max"}
+
+
+def _matches(expected: Any, got: Any) -> bool:
+    """``got`` meets ``expected``: a range, a subset of a dict, a list (rows with ids matched
+    by id, others element by element), or an equal value (tuples and lists alike)."""
+    if _is_range(expected):
+        if isinstance(got, bool) or not isinstance(got, int | float):
+            return False
+        return bool(expected.get("min", got) <= got <= expected.get("max", got))
+    if isinstance(expected, dict):
+        return isinstance(got, dict) and all(_matches(v, got.get(k)) for k, v in expected.items())
+    if isinstance(expected, list | tuple):
+        if not isinstance(got, list | tuple):
+            return False
+        if expected and all(isinstance(x, dict) and "id" in x for x in expected):
+            rows = {r.get("id"): r for r in got if isinstance(r, dict)}
+            return all(_matches(x, rows.get(x["id"])) for x in expected)
+        return len(expected) == len(got) and all(_matches(x, g) for x, g in zip(expected, got, strict=True))
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return expected is got
+    return bool(expected == got)
 
 
 def _end_seq(result: RunResult, action_id: str) -> int:

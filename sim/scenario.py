@@ -5,6 +5,8 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
 
     name = "overdue rejection while an unload waits"
     description = "why this scenario exists"
+    scheduling = "together"     # optional: one_at_a_time | together; omitted,
+                                # the seed chooses (sim.clock.Scheduling)
 
     [config]                    # runtime settings (all optional)
     busy_timeout_ms = 0         # server ceiling; 0 = unbounded
@@ -54,20 +56,30 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
 
     [[expect]]                  # per-action outcome
     id = "r1"
-    outcome = "ok"              # ok | busy | error | not_found | invalid | cancelled
-    reason = "slots_overdue"    # core reason code (optional)
+    outcome = "ok"              # ok | busy | error | not_found | invalid | cancelled,
+                                # or a list: any of them (["ok", "busy"])
+    reason = "slots_overdue"    # core reason code, or a list (optional; checked
+                                # only when the outcome is not ok)
     message = "slots exceeded"  # substring of the error message (optional)
     revision = "rev1"           # the revision the run reported (optional)
     session_distinct_from = ["r2"]  # ran on a different session than these
-    result = { loaded = false }     # subset of the action's result (a status
-                                    # row, a bulk_unload's unloaded/not_found)
+    session_same_as = ["r0"]        # ran on the same session as these
+    granted_at = 2.0            # request/batch: when its lease was granted, or
+                                # a range { min = 1.0, max = 2.0 }
+    result = { loaded = false }     # subset of the action's result: a status row,
+                                    # { models = [{ id = "a", loaded = true }] }
+                                    # (rows matched by id), a bulk_unload's
+                                    # unloaded/not_found, a register's or
+                                    # reconfigure's { reconfigured = false };
+                                    # a value may be a range { min = 1, max = 3 }
+    null = ["max_parallel_slots"]   # result keys that must be null (None)
 
     [[order]]                   # completion order constraints
     first = "r1"
     then = "u1"
 
-    [final.m]                   # counters at the end (before shutdown)
-    loaded = false
+    [final.m]                   # counters at the end (before shutdown); a value
+    loaded = false              # may be a range { min = 1, max = 2 }
     active_slots = 0
     queued_requests = 0
     loads = 1                   # weight loads performed by the fake provider
@@ -89,6 +101,13 @@ ACTIONS = frozenset(
     }
 )
 OUTCOMES = frozenset({"ok", "busy", "error", "not_found", "invalid", "cancelled"})
+SCHEDULING = frozenset({"one_at_a_time", "together"})
+EXPECT_KEYS = frozenset(
+    {
+        "id", "outcome", "reason", "message", "revision", "session_distinct_from", "session_same_as",
+        "granted_at", "result", "null",
+    }
+)
 MODEL_KEYS = frozenset({"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"})
 
 
@@ -115,15 +134,25 @@ class Action:
     params: Mapping[str, Any] = attrs.field(factory=dict)
 
 
+def _one_or_many(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else (str(value),)
+
+
 @attrs.frozen
 class Expect:
     id: str
-    outcome: str | None = None
-    reason: str | None = None
+    outcome: tuple[str, ...] | None = attrs.field(default=None, converter=_one_or_many)
+    reason: tuple[str, ...] | None = attrs.field(default=None, converter=_one_or_many)
     message: str | None = None
     revision: str | None = None
     session_distinct_from: Sequence[str] = ()
+    session_same_as: Sequence[str] = ()
+    granted_at: Any = None
     result: Mapping[str, Any] | None = None
+    null: Sequence[str] = ()
+
 
 
 @attrs.frozen
@@ -137,6 +166,7 @@ class Scenario:
     order: Sequence[tuple[str, str]] = ()
     final: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     seed: int = 0
+    scheduling: str | None = None
 
 
 class ScenarioError(ValueError):
@@ -176,20 +206,33 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
     if len(names) != len(set(names)):
         raise ScenarioError("action ids must be unique")
     expect = []
+    by_id = {a.id: a for a in actions}
     for e in raw.get("expect", []):
         if e.get("id") not in names:
             raise ScenarioError(f"expectation for unknown action {e.get('id')!r}")
-        if e.get("outcome") is not None and e["outcome"] not in OUTCOMES:
+        unknown = set(e) - EXPECT_KEYS
+        if unknown:
+            raise ScenarioError(f"expectation {e['id']}: unknown keys {sorted(unknown)}")
+        outcomes = _one_or_many(e.get("outcome"))
+        if outcomes is not None and not set(outcomes) <= OUTCOMES:
             raise ScenarioError(f"outcome must be one of {sorted(OUTCOMES)}")
+        if "granted_at" in e and by_id[e["id"]].do not in ("request", "batch"):
+            raise ScenarioError(f"expectation {e['id']}: granted_at applies to request and batch actions")
+        for other in (*e.get("session_distinct_from", ()), *e.get("session_same_as", ())):
+            if other not in names:
+                raise ScenarioError(f"expectation {e['id']} names an unknown action {other!r}")
         expect.append(
             Expect(
                 id=e["id"],
-                outcome=e.get("outcome"),
-                reason=e.get("reason"),
+                outcome=outcomes,
+                reason=_one_or_many(e.get("reason")),
                 message=e.get("message"),
                 revision=e.get("revision"),
                 session_distinct_from=tuple(e.get("session_distinct_from", ())),
+                session_same_as=tuple(e.get("session_same_as", ())),
+                granted_at=e.get("granted_at"),
                 result=dict(e["result"]) if "result" in e else None,
+                null=tuple(e.get("null", ())),
             )
         )
     order = []
@@ -197,7 +240,11 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
         if o.get("first") not in names or o.get("then") not in names:
             raise ScenarioError(f"order constraint names an unknown action: {o}")
         order.append((o["first"], o["then"]))
+    scheduling = raw.get("scheduling")
+    if scheduling is not None and scheduling not in SCHEDULING:
+        raise ScenarioError(f"scheduling must be one of {sorted(SCHEDULING)}, got {scheduling!r}")
     return Scenario(
+        scheduling=scheduling,
         name=str(raw.get("name", default_name)),
         description=str(raw.get("description", "")),
         config=dict(raw.get("config", {})),
@@ -212,7 +259,10 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
 
 def dump(s: Scenario) -> str:
     """TOML text for ``s`` (the fuzzer writes shrunk failures with this)."""
-    lines = [f"name = {_toml(s.name)}", f"description = {_toml(s.description)}", f"seed = {s.seed}", ""]
+    lines = [f"name = {_toml(s.name)}", f"description = {_toml(s.description)}", f"seed = {s.seed}"]
+    if s.scheduling is not None:
+        lines.append(f"scheduling = {_toml(s.scheduling)}")
+    lines.append("")
     if s.config:
         lines.append("[config]")
         lines += [f"{k} = {_toml(v)}" for k, v in s.config.items()]
@@ -233,9 +283,16 @@ def dump(s: Scenario) -> str:
         lines.append("")
     for e in s.expect:
         lines += ["[[expect]]", f"id = {_toml(e.id)}"]
-        for key in ("outcome", "reason", "message", "revision", "result"):
+        for key in ("outcome", "reason"):
+            value = getattr(e, key)
+            if value is not None:
+                lines.append(f"{key} = {_toml(value[0] if len(value) == 1 else list(value))}")
+        for key in ("message", "revision", "granted_at", "result"):
             if getattr(e, key) is not None:
                 lines.append(f"{key} = {_toml(getattr(e, key))}")
+        for key in ("session_distinct_from", "session_same_as", "null"):
+            if getattr(e, key):
+                lines.append(f"{key} = {_toml(list(getattr(e, key)))}")
         lines.append("")
     return "\n".join(lines)
 

@@ -156,7 +156,8 @@ class Management:
             raise InvalidRequestError(check.reason, check.message)
         async with self.manage(spec.id) as lease:
             old = self.specs[spec.id]
-            if spec == old:
+            if spec.pool_key() == old.pool_key():
+                self.update_in_place(old, spec)
                 await self.load_as_manager(spec.id, lease)
                 return False
             self.core.begin_reconfigure(spec.id, self.clock.now())
@@ -168,13 +169,28 @@ class Management:
                 reason = getattr(exc, "reason", Reason.LOAD_FAILED)
                 self.core.reject_reconfigure(spec.id, self.clock.now(), reason)
                 raise
-            decision = self.core.commit_reconfigure(spec.id, spec.slots, self.clock.now())
+            decision = self.core.commit_reconfigure(
+                spec.id, spec.slots, self.clock.now(), memory_bytes=spec.memory_bytes
+            )
             self.specs[spec.id] = spec
             if isinstance(decision, Teardown):
                 await self.teardown(spec.id)
                 self.core.unload_finished(spec.id, self.clock.now())
             await self.load_as_manager(spec.id, lease)
             return True
+
+    def update_in_place(self, old: ModelSpec, new: ModelSpec) -> None:
+        """Under the exclusive lease: take ``new``'s operational fields (lazy, busy timeout,
+        memory estimate) without touching the pool (race report 3: no reload for them)."""
+        if new.memory_bytes != old.memory_bytes and not self.core.set_memory(
+            new.id, new.memory_bytes, self.clock.now()
+        ):
+            raise BusyError(
+                Reason.MEMORY_BUDGET,
+                f"cannot set model '{new.id}' memory estimate to {new.memory_bytes} bytes: "
+                "the loaded models would exceed the memory budget",
+            )
+        self.specs[new.id] = new
 
     async def probe_capacity(self, old: ModelSpec, new: ModelSpec) -> int:
         """The capacity the new configuration would advertise, without touching the live pool."""

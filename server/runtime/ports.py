@@ -52,6 +52,13 @@ class ModelSpec:
         """What identifies the sessions built on those weights (and so their capacity)."""
         return (*self.weight_key(), self.task, self.mode, sorted(self.session_options.items()))
 
+    def pool_key(self) -> tuple[Any, ...]:
+        """What a reconfiguration changes (reference §4.5: path, family, task, mode, slots,
+        config, weights and options). Two specs with the same pool key describe the same
+        pool: the other fields (``lazy``, ``busy_timeout_ms``, ``memory_bytes``) are
+        operational and update in place, without a reload."""
+        return (*self.session_key(), self.slots)
+
 
 class Clock(Protocol):
     """Where time comes from: monotonic seconds, and sleeping until a moment."""

@@ -285,8 +285,12 @@ class Runtime(Management):
                 try:
                     await wait.event.wait()
                 except BaseException:
+                    # gone before loading: stop waiting, or, if a failed load named this
+                    # holder the next initializer in the same instant, pass the role on
                     self.waits.loads.pop(ticket, None)
-                    self.core.abandon_wait(model, ticket, self.clock.now())
+                    left = self.core.abandon_wait(model, ticket, self.clock.now())
+                    if left.retry is not None:
+                        self.waits.load_retry(left.retry)
                     raise
                 if wait.proceed:
                     return self.session_for(model, lease)

@@ -103,11 +103,11 @@ id = "m"
 slots = 1
 lazy = false
 [[actions]]
-at = 1.0
+at = 0.9
 do = "request"
 id = "long"
 model = "m"
-duration = 3.0
+duration = 3.1
 [[actions]]
 at = 1.0
 do = "request"
