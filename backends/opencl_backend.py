@@ -12,6 +12,12 @@ concurrently; a model family gives each session ``backend.fork()`` when the
 backend has one (see docs/backends.md). Kernel objects (whose argument slots are
 state) are per thread, so even one view shared by several threads is safe: its
 queue then serialises their work.
+
+Devices: every device is probed once (a tiny kernel built and run) and the
+default device ``"0"`` is the first one that passes, so a platform whose
+compiler cannot target this CPU is skipped; when none works,
+:class:`OpenCLUnavailable` says which devices were tried, why they failed and
+how to fix it (see :mod:`backends.opencl.devices`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyopencl as cl
@@ -27,6 +33,15 @@ import pyopencl.array as cla
 
 from backends.base import Array
 from backends.opencl import ROW_GROUP, Kernels, program
+from backends.opencl.devices import (
+    DeviceProbe,
+    OpenCLUnavailable,
+    devices,
+    first_cause,
+    probe,
+    select_device,
+    working_devices,
+)
 from backends.opencl.shapes import (
     broadcast_strides,
     check_size,
@@ -56,49 +71,43 @@ _ROWS_MIN = 128  # rows at least this long get a work group each, shorter ones a
 _TILE = 32  # GEMM output tile (TM = TN in kernels.cl); 8x8 work items per tile
 _GROUP = 32  # work-group size of the elementwise / copy / direct-GEMM kernels
 
-
-def devices() -> list[tuple[int, int, cl.Device]]:
-    """Every OpenCL device as (platform index, device index, device), in platform order."""
-    found = []
-    for p, platform in enumerate(cl.get_platforms()):
-        for d, dev in enumerate(platform.get_devices()):
-            found.append((p, d, dev))
-    return found
+__all__ = [
+    "DeviceProbe",
+    "OpenCLBackend",
+    "OpenCLUnavailable",
+    "check_device",
+    "devices",
+    "make_backend",
+    "probe",
+    "working_devices",
+]
 
 
 def make_backend(device: str = "0") -> OpenCLBackend:
-    """Backend on ``device``: "platform:device" indices, one index over all devices, or
-    "cpu" / "gpu" for the first device of that type."""
+    """Backend on ``device``: "0" or "" for the first device that can build kernels,
+    "platform:device" or one index over all devices for exactly that device, or
+    "cpu" / "gpu" for the first working device of that type (see backends.opencl.devices).
+
+    Raises :class:`OpenCLUnavailable` when no selected device can build kernels.
+    """
     return OpenCLBackend(device)
 
 
-def _pick_device(spec: str) -> cl.Device:
-    spec = (spec or "0").strip()
-    found = devices()
-    if not found:
-        raise RuntimeError(
-            "opencl: no OpenCL device found (install pocl-binary-distribution for a CPU one)"
-        )
-    kinds = {"cpu": cl.device_type.CPU, "gpu": cl.device_type.GPU}
-    if spec.lower() in kinds:  # the first device of that type
-        for _, _, dev in found:
-            if dev.type & kinds[spec.lower()]:
-                return dev
-    elif ":" in spec:
-        p, _, d = spec.partition(":")
-        for fp, fd, dev in found:
-            if (str(fp), str(fd)) == (p.strip(), d.strip()):
-                return dev
-    elif spec.isdigit() and int(spec) < len(found):
-        return found[int(spec)][2]
-    names = ", ".join(f"{p}:{d} {dev.name.strip()}" for p, d, dev in found)
-    raise ValueError(f"opencl: no device {spec!r}; available: {names}")
+def check_device(device: str = "0") -> DeviceProbe:
+    """The device ``make_backend(device)`` would use, probed, without building the backend.
+
+    Raises :class:`OpenCLUnavailable` (naming every device tried, the cause and
+    the fix) or ``ValueError`` (a spec naming no device).
+    """
+    return select_device(device)
 
 
 class OpenCLBackend:
     """ArrayBackend on one OpenCL device. ``fork()`` gives a per-session view (own queue)."""
 
     name = "opencl"
+    gemm: str
+    probe: DeviceProbe
 
     def __init__(
         self, device: str = "0", *, gemm: str = "auto", _parent: OpenCLBackend | None = None
@@ -107,12 +116,20 @@ class OpenCLBackend:
             raise ValueError(f"opencl: gemm must be auto, tiled or cpu, not {gemm!r}")
         if _parent is None:
             self.device = device
-            dev = _pick_device(device)
+            self.probe = select_device(device)
+            dev = self.probe.device
             self.context = cl.Context([dev])
             self.cl_device = dev
-            self.program = program(self.context)
+            try:
+                self.program = program(self.context)
+            except cl.Error as exc:  # the probe kernel built, ours did not
+                raise OpenCLUnavailable(
+                    f"opencl: {self.probe.describe()} cannot build voxpool's kernels: "
+                    f"{first_cause(exc)}"
+                ) from exc
         else:
             self.device = _parent.device
+            self.probe = _parent.probe
             self.context = _parent.context
             self.cl_device = _parent.cl_device
             self.program = _parent.program
@@ -147,7 +164,7 @@ class OpenCLBackend:
         out = cla.empty(self.queue, data.shape, data.dtype)
         if data.size:
             cl.enqueue_copy(
-                self.queue, out.data, data, is_blocking=True
+                self.queue, cast(cl.Buffer, out.data), data, is_blocking=True
             )  # blocking: any queue may read it
         return out
 
@@ -164,7 +181,8 @@ class OpenCLBackend:
         check_size(shape)
         out = cla.empty(self.queue, shape, dtype)
         if out.size:
-            cl.enqueue_fill_buffer(self.queue, out.data, np.zeros(1, np.uint8), 0, out.nbytes)
+            buf = cast(cl.Buffer, out.data)
+            cl.enqueue_fill_buffer(self.queue, buf, np.zeros(1, np.uint8), 0, out.nbytes)
         return out
 
     # ---- helpers ---------------------------------------------------------

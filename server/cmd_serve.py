@@ -13,18 +13,23 @@ import contextlib
 import os
 import signal
 import sys
-from typing import IO
+from typing import IO, Any, cast
 
 import attrs
 
 from core.policy import select_runtime
-from server.config import ConfigError, embedded_default, load_config
+from server.config import ConfigError, ServerConfig, embedded_default, load_config
+from server.provider import BackendUnavailable, check_backends
 
 
 def main(args: argparse.Namespace) -> int:
     runtime_kind = select_runtime(bool(args.parallel_jobs))
     try:
-        config = load_config(args.config, runtime=runtime_kind) if args.config else embedded_default(runtime_kind)
+        config = (
+            load_config(args.config, runtime=runtime_kind)
+            if args.config
+            else embedded_default(runtime_kind)
+        )
     except ConfigError as exc:
         print(f"voxpool serve: {exc}", file=sys.stderr)
         return 2
@@ -35,12 +40,19 @@ def main(args: argparse.Namespace) -> int:
             print("voxpool serve: --port must be between 1 and 65535", file=sys.stderr)
             return 2
         config = attrs.evolve(config, port=args.port)
-    if config.ui_management and not (config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN")):
+    if config.ui_management and not (
+        config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN")
+    ):
         print(
             "voxpool serve: ui_management needs a bearer token: set management_token in the config "
             "or VOXPOOL_MANAGEMENT_TOKEN",
             file=sys.stderr,
         )
+        return 2
+    try:  # models load lazily: find an unusable backend now, not at the first request
+        check_backends(model.spec() for model in config.models)
+    except BackendUnavailable as exc:
+        print(f"voxpool serve: {exc}", file=sys.stderr)
         return 2
     limit_blas_threads(config.threads)
     import trio
@@ -62,14 +74,14 @@ def limit_blas_threads(threads: int) -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
     except ImportError:
         return
     if "numpy" in sys.modules:
         threadpool_limits(limits=threads, user_api="blas")
 
 
-async def serve(config, trace):  # type: ignore[no-untyped-def]
+async def serve(config: ServerConfig, trace: IO[str] | None) -> None:
     import trio
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
@@ -87,7 +99,11 @@ async def serve(config, trace):  # type: ignore[no-untyped-def]
     async def until_signal() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
-                print("voxpool: shutting down (draining admitted and queued work)", file=sys.stderr, flush=True)
+                print(
+                    "voxpool: shutting down (draining admitted and queued work)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
 
     print(
@@ -96,4 +112,5 @@ async def serve(config, trace):  # type: ignore[no-untyped-def]
         file=sys.stderr,
         flush=True,
     )
-    await hypercorn_serve(app, hc, shutdown_trigger=until_signal)
+    # starlette's ASGIApp and hypercorn's ASGIFramework type the same ASGI callable differently
+    await hypercorn_serve(cast(Any, app), hc, shutdown_trigger=until_signal)

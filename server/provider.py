@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import anyio
@@ -22,7 +22,11 @@ from core.pool import Session, SessionFactory
 from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
 from server.runtime.ports import ModelSpec
 
-FAMILY_MODULES = {"piper": "backends.piper", "whisper": "backends.whisper", "silero_vad": "backends.silero_vad"}
+FAMILY_MODULES = {
+    "piper": "backends.piper",
+    "whisper": "backends.whisper",
+    "silero_vad": "backends.silero_vad",
+}
 _END = object()
 
 
@@ -34,6 +38,39 @@ def make_backend(name: str, device: str) -> Any:
         return NumpyBackend()
     module = importlib.import_module(f"backends.{name}_backend")
     return module.make_backend(device)
+
+
+class BackendUnavailable(RuntimeError):
+    """A configured backend or device cannot run on this machine (a startup error)."""
+
+
+def check_backends(specs: Iterable[ModelSpec]) -> None:
+    """Fail fast, before serving, when a model's backend or device cannot run here.
+
+    Models load lazily, so without this a server whose OpenCL device cannot build
+    kernels would start and fail every first request. Backend modules may define
+    ``check_device(device)``, which raises when the device cannot be used; it is
+    called once per distinct (backend, device). Raises :class:`BackendUnavailable`
+    with a one-line message naming the models, the backend and the cause.
+    """
+    users: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        if spec.backend not in ("numpy", "cpu"):
+            users.setdefault((spec.backend, spec.device), []).append(spec.id)
+    for (name, device), models in users.items():
+        where = f"model(s) {', '.join(models)}: backend {name!r} device {device!r}"
+        try:
+            module = importlib.import_module(f"backends.{name}_backend")
+        except ImportError as exc:
+            raise BackendUnavailable(f"{where}: not installed ({exc})") from exc
+        check = getattr(module, "check_device", None)
+        if check is None:
+            continue
+        try:
+            check(device)
+        except (RuntimeError, ValueError) as exc:
+            message = " ".join(str(exc).split())
+            raise BackendUnavailable(f"{where}: {message}") from exc
 
 
 def weight_key(spec: ModelSpec) -> WeightKey:
@@ -143,4 +180,3 @@ class ThreadedProvider:
 
     async def reset(self, session: Session) -> None:
         await self._thread(session.reset)
-

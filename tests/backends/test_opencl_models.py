@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import functools
 
-import pytest
+from tests.backends import model_parity, opencl_device
 
-pytest.importorskip("pyopencl", reason="the opencl extra (pyopencl) is not installed")
+opencl_device.import_pyopencl()
 
-from backends.opencl_backend import OpenCLBackend, devices, make_backend
-from tests.backends import model_parity
+from backends.opencl_backend import OpenCLBackend, make_backend  # noqa: E402
 
-if not devices():
-    pytest.skip(
-        "no OpenCL device (install pocl-binary-distribution for a CPU one)", allow_module_level=True
-    )
+# no working device: skip with the probe's reason (devices, cause, fix); under CI=true, fail
+pytestmark = opencl_device.needs_working_device()
 
 
 @functools.cache
@@ -52,7 +49,11 @@ def test_every_family_gives_each_session_its_own_queue() -> None:
 
     root = _backend()
     for family in (silero_vad, whisper, piper):
-        factory = family.load_factory(root, mode="streaming") if family is piper else family.load_factory(root)
+        factory = (
+            family.load_factory(root, mode="streaming")
+            if family is piper
+            else family.load_factory(root)
+        )
         primary = factory.create()
         clone = factory.clone(primary)
         queues = {id(root.queue), id(primary.backend.queue), id(clone.backend.queue)}

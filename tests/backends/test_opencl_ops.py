@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.backends import opencl_device
 from tests.backends.op_cases import (
     CASES,
     Case,
@@ -14,14 +15,17 @@ from tests.backends.op_cases import (
     run_case,
 )
 
-cl = pytest.importorskip("pyopencl", reason="the opencl extra (pyopencl) is not installed")
+cl = opencl_device.import_pyopencl()
 
-from backends.opencl_backend import OpenCLBackend, devices, make_backend  # noqa: E402
+from backends.opencl_backend import (  # noqa: E402
+    OpenCLBackend,
+    devices,
+    make_backend,
+    working_devices,
+)
 
-if not devices():
-    pytest.skip(
-        "no OpenCL device (install pocl-binary-distribution for a CPU one)", allow_module_level=True
-    )
+# no working device: skip with the probe's reason (devices, cause, fix); under CI=true, fail
+pytestmark = opencl_device.needs_working_device()
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +46,21 @@ def test_every_interface_op_has_a_case() -> None:
 
 
 def test_make_backend_device_strings() -> None:
-    first = devices()[0]
-    for spec in ("0", "", f"{first[0]}:{first[1]}"):
+    first = working_devices()[0]  # the default: the first device that builds kernels
+    for spec in ("0", "", first.spec):
         be = make_backend(spec)
         assert be.name == "opencl"
-        assert be.cl_device == first[2]
+        assert be.cl_device == first.device
+        assert be.probe == first
     for bad in ("99", "7:7", "tpu", "-1"):
         with pytest.raises(ValueError, match="no device"):
             make_backend(bad)
-    cpus = [dev for _, _, dev in devices() if dev.type & cl.device_type.CPU]
-    if cpus:  # PoCL in CI: "cpu" (the ModelSpec default device) picks it
-        assert make_backend("cpu").cl_device == cpus[0]
+    cpus = [r for r in working_devices() if r.is_cpu]
+    if cpus:  # PoCL in CI: "cpu" (the ModelSpec default device) picks the first working one
+        assert make_backend("cpu").cl_device == cpus[0].device
+    for p, d, dev in devices():  # an explicit device that works is used as configured
+        if any(r.device == dev for r in working_devices()):
+            assert make_backend(f"{p}:{d}").cl_device == dev
 
 
 def test_provider_builds_the_opencl_backend() -> None:
