@@ -20,12 +20,16 @@ enqueue order, which gives the rules:
 
 Time is ``now`` in seconds, passed by the caller; timeouts are seconds (0 =
 unbounded). Beyond the original: an optional queue-length bound for requests,
-whose rejection carries a retry-after estimate, and cancellation of a queued
-waiter whose client went away.
+cancellation of a queued waiter whose client went away, and a
+:class:`RetryAfter` on every refusal and expiry: when a slot would be free for
+a client that joined the queue now, from the hold times observed so far, the
+holders' time already spent and the requests queued ahead.
 """
 
 from __future__ import annotations
 
+import enum
+import heapq
 import math
 from collections import deque
 from collections.abc import Iterator
@@ -70,14 +74,35 @@ class Queued:
     position: int
 
 
+class RetryBasis(enum.Enum):
+    """What a :class:`RetryAfter` rests on."""
+
+    OBSERVED = "observed"  # the moving average of finished holds
+    RUNNING = "running"  # no hold has finished yet: the longest one still running
+    DEFAULT = "default"  # nothing held and nothing finished: the configured default
+
+
+@attrs.frozen
+class RetryAfter:
+    """When a refused client should come back: whole seconds (at least 1, rounded up)."""
+
+    seconds: int
+    basis: RetryBasis
+
+    @classmethod
+    def of(cls, estimate: float, basis: RetryBasis) -> RetryAfter:
+        """``estimate`` seconds rounded up, at least 1."""
+        return cls(max(1, math.ceil(estimate)) if math.isfinite(estimate) else 1, basis)
+
+
 @attrs.frozen
 class Rejected:
-    """Refused at once (HTTP 503): why, the client-facing message, and a retry hint in seconds."""
+    """Refused at once (HTTP 503): why, the client-facing message, and when to come back."""
 
     ticket: int
     reason: Reason
     message: str
-    retry_after: float | None = None
+    retry_after: RetryAfter | None = None
 
 
 @attrs.frozen
@@ -88,6 +113,7 @@ class Expired:
     kind: LeaseKind
     reason: Reason
     message: str
+    retry_after: RetryAfter | None = None
 
 
 @attrs.frozen
@@ -225,21 +251,16 @@ class Admission:
         """
         self._check_new_ticket(ticket)
         if not self._admitting:
-            return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
+            return self._reject(ticket, Reason.SHUTTING_DOWN, now)
         if self._exclusive is None and not self._queue:
             slot = self._free_slot()
             if slot is not None:
                 return Granted(self._grant_slot(ticket, slot, now), fast=True)
         overdue = self._request_overdue(now, timeout)
         if overdue is not None:
-            return self._reject(ticket, overdue)
+            return self._reject(ticket, overdue, now)
         if self.max_queue is not None and self._queued_requests >= self.max_queue:
-            return Rejected(
-                ticket,
-                Reason.QUEUE_FULL,
-                busy_message(self.model, Reason.QUEUE_FULL),
-                retry_after=self.retry_after_estimate(),
-            )
+            return self._reject(ticket, Reason.QUEUE_FULL, now)
         return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
 
     def _request_overdue(self, now: float, timeout: float) -> Reason | None:
@@ -266,9 +287,9 @@ class Admission:
         """
         self._check_new_ticket(ticket)
         if overrun(self._exclusive_since, now, timeout):
-            return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE)
+            return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE, now)
         if any(overrun(s, now, timeout) for s in self._since):
-            return self._reject(ticket, Reason.ACTIVE_SLOT_OVERDUE)
+            return self._reject(ticket, Reason.ACTIVE_SLOT_OVERDUE, now)
         decision = self._enqueue(ticket, LeaseKind.MANAGEMENT, now, timeout)
         return decision
 
@@ -343,12 +364,45 @@ class Admission:
         """Shutdown: refuse new requests; queued and admitted work still drains."""
         self._admitting = False
 
-    def retry_after_estimate(self) -> float:
-        """Seconds a rejected client should wait: mean hold time times queue rounds ahead."""
-        if self._hold_ewma is None:
-            return self.default_retry_after
-        rounds = math.ceil((self._queued_requests + 1) / self.count)
-        return max(0.001, self._hold_ewma * rounds)
+    def retry_after(self, now: float) -> RetryAfter:
+        """When a slot would be free for a client that joined the back of the queue at ``now``.
+
+        A hold is expected to last the moving average of finished holds (or, before
+        any has finished, as long as the longest one running). A holder that has
+        run ``e`` seconds frees its slot in ``mean - e``; one already past the mean
+        is expected to need one more mean. Each request queued ahead takes the
+        next slot to free up and holds it for a mean; the client's turn is the
+        slot that frees after theirs.
+        """
+        plan = self._slot_plan(now)
+        if plan is None:
+            return RetryAfter.of(self.default_retry_after, RetryBasis.DEFAULT)
+        free_at, basis = plan
+        return RetryAfter.of(min(free_at), basis)
+
+    def idle_after(self, now: float) -> RetryAfter:
+        """When every slot would be free with the queue served (the same estimate as :meth:`retry_after`)."""
+        plan = self._slot_plan(now)
+        if plan is None:
+            return RetryAfter.of(self.default_retry_after, RetryBasis.DEFAULT)
+        free_at, basis = plan
+        return RetryAfter.of(max(free_at), basis)
+
+    def _slot_plan(self, now: float) -> tuple[list[float], RetryBasis] | None:
+        """Expected seconds until each slot frees once the queued requests have had theirs (None: no basis)."""
+        running = [now - since for since in self._since[: self.count] if since is not None]
+        if self._hold_ewma is not None:
+            mean, basis = self._hold_ewma, RetryBasis.OBSERVED
+        elif running:
+            mean, basis = max(running), RetryBasis.RUNNING
+        else:
+            return None
+        free_at = [mean - e if e < mean else mean for e in running]
+        free_at += [0.0] * (self.count - len(running))
+        heapq.heapify(free_at)
+        for _ in range(self._queued_requests):
+            heapq.heappush(free_at, heapq.heappop(free_at) + mean)
+        return free_at, basis
 
     # --------------------------------------------------------------- internal
     def _dispatch(self, now: float, *, expire: bool = True) -> Wakeups:
@@ -432,12 +486,18 @@ class Admission:
         self.ledger.grant(lease)
         return lease
 
-    def _reject(self, ticket: int, reason: Reason) -> Rejected:
-        return Rejected(ticket, reason, busy_message(self.model, reason))
+    def _reject(self, ticket: int, reason: Reason, now: float) -> Rejected:
+        return Rejected(ticket, reason, busy_message(self.model, reason), self.retry_after(now))
 
     def _expired(self, waiter: Waiter) -> Expired:
+        # expiry happens at the waiter's deadline (the driver's timer), after it left the queue
+        now = waiter.deadline if waiter.deadline is not None else waiter.enqueued_at
         return Expired(
-            waiter.ticket, waiter.kind, Reason.QUEUE_TIMEOUT, busy_message(self.model, Reason.QUEUE_TIMEOUT)
+            waiter.ticket,
+            waiter.kind,
+            Reason.QUEUE_TIMEOUT,
+            busy_message(self.model, Reason.QUEUE_TIMEOUT),
+            self.retry_after(now),
         )
 
     def _check_new_ticket(self, ticket: int) -> None:

@@ -27,7 +27,7 @@ from core.admission import (
     Waiter,
     Wakeups,
 )
-from core.events import Reason, busy_message
+from core.events import Reason
 from core.lease import Lease, LeaseKind
 from core.policy import overrun
 
@@ -76,7 +76,7 @@ class GuardAdmission(Admission):
     def _acquire(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
         self._check_new_ticket(ticket)
         if kind is LeaseKind.REQUEST and not self._admitting:
-            return Rejected(ticket, Reason.SHUTTING_DOWN, busy_message(self.model, Reason.SHUTTING_DOWN))
+            return self._reject(ticket, Reason.SHUTTING_DOWN, now)
         if self._lock_free():
             return Granted(self._grant(ticket, kind, now), fast=True)
         since = self._since[0] if self._since[0] is not None else self._exclusive_since
@@ -87,7 +87,7 @@ class GuardAdmission(Admission):
                 f"(busy_timeout_ms={round(timeout * 1000)}); the previous request has likely wedged "
                 "and cannot be cancelled"
             )
-            return Rejected(ticket, Reason.SLOTS_OVERDUE, message)
+            return Rejected(ticket, Reason.SLOTS_OVERDUE, message, self.retry_after(now))
         return self._enqueue(ticket, kind, now, timeout)
 
     def _grant(self, ticket: int, kind: LeaseKind, now: float) -> Lease:
@@ -122,9 +122,11 @@ class GuardAdmission(Admission):
 
     def _expired(self, waiter: Waiter) -> Expired:
         timeout_ms = round(((waiter.deadline or waiter.enqueued_at) - waiter.enqueued_at) * 1000)
+        at = waiter.deadline if waiter.deadline is not None else waiter.enqueued_at
         return Expired(
             waiter.ticket,
             waiter.kind,
             Reason.QUEUE_TIMEOUT,
             f"model '{self.model}' is busy: timed out after {timeout_ms} ms waiting for the inference lock",
+            self.retry_after(at),
         )

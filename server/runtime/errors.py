@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from core.admission import RetryAfter
 from core.events import Reason
 
 
@@ -18,14 +19,23 @@ class RuntimeErrorBase(Exception):
 
 
 class BusyError(RuntimeErrorBase):
-    """HTTP 503 ``server_busy``: admission refused or timed out, or no room to load."""
+    """HTTP 503 ``server_busy``: admission refused or timed out, or no room to load.
+
+    ``retry`` is core's estimate of when a slot would be free (None: no estimate,
+    e.g. a residency refusal); ``retry_after`` is its whole seconds, for the header.
+    """
 
     status = 503
     error_type = "server_busy"
 
-    def __init__(self, reason: Reason, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, reason: Reason, message: str, retry: RetryAfter | None = None) -> None:
         super().__init__(reason, message)
-        self.retry_after = retry_after
+        self.retry = retry
+
+    @property
+    def retry_after(self) -> int | None:
+        """Seconds for ``Retry-After`` (at least 1), or None without an estimate."""
+        return None if self.retry is None else self.retry.seconds
 
 
 class NotFoundError(RuntimeErrorBase):

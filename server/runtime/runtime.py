@@ -29,7 +29,7 @@ import anyio.abc
 import anyio.lowlevel
 import attrs
 
-from core.admission import Granted, Queued, Rejected, Wakeups
+from core.admission import Granted, Queued, Rejected, RetryAfter, Wakeups
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
@@ -245,7 +245,7 @@ class Runtime(Management):
         finally:
             self.waits.admission.pop(ticket, None)
         if wait.expired is not None:
-            raise BusyError(wait.expired.reason, wait.expired.message)
+            raise BusyError(wait.expired.reason, wait.expired.message, wait.expired.retry_after)
         assert wait.lease is not None
         return wait.lease
 
@@ -306,9 +306,15 @@ class Runtime(Management):
         if decision.refused is not None:
             if decision.retry is not None:
                 self.waits.load_retry(decision.retry)
-            raise BusyError(decision.refused[0], decision.refused[1])
+            raise BusyError(decision.refused[0], decision.refused[1], self.room_retry(model))
         assert decision.load is not None
         await self.load(model, decision.load)
+
+    def room_retry(self, model: str) -> RetryAfter | None:
+        """After a residency refusal: when the first other resident model would be idle (evictable)."""
+        now = self.clock.now()
+        others = [e.admission.idle_after(now) for e in self.core.registry.entries() if e.id != model and e.resident]
+        return min(others, key=lambda r: r.seconds, default=None)
 
     def evict(self, evictions: Sequence[Eviction]) -> None:
         """Tear evicted victims down in the background; the load that needed room goes on."""
