@@ -1,12 +1,21 @@
-"""The model gate M1-M6: serial references, fresh starts, waves, recovery, memory, modes."""
+"""The model gate M1-M6: serial references, fresh starts, waves, recovery, memory, modes.
 
+No verdict depends on how fast the machine is. A verdict about concurrency
+(every slot busy at once) is read from the runtime's counters at a moment
+when that is provably the case: the wave's session calls wait at a
+:class:`Rendezvous` until all of them are in flight, and the counters are read
+then. A verdict about a queued manager waits until the counters show it.
+Timeouts are hang guards only: when one expires, the verdict is read from
+the state reached (and so fails). Wall-clock times are performance evidence,
+never a verdict.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -18,6 +27,121 @@ from server.runtime import ModelSpec, Runtime, RuntimeConfig
 from server.runtime.errors import LoadError
 from server.validation.plans import GROWTH_TOLERANCE_BYTES, MIN_STARTS, MIN_WAVES, PLANS, Case
 from server.validation.probes import Check, GateProvider, Monitor, settled_rss
+
+HANG_GUARD_S = 300.0
+"""The longest wait for a state the runtime must reach. Only a guard against a hang: reaching the
+state decides a verdict, never the time it took."""
+
+
+async def settle(predicate: Callable[[], bool], poll_s: float = 0.001) -> bool:
+    """Wait until ``predicate()`` holds; False only if the hang guard expired first."""
+    with anyio.move_on_after(HANG_GUARD_S):
+        while not predicate():
+            await anyio.sleep(poll_s)
+        return True
+    return False
+
+
+@attrs.define(eq=False)
+class Rendezvous:
+    """Holds each session call of a wave until ``expected`` calls are in flight, then lets them go.
+
+    A call in flight holds a lease, so when the last one arrives every slot is
+    provably busy: ``on_full`` runs then (it reads the runtime's counters). A
+    wave member that ends without arriving (it failed before its session call)
+    lowers the count to wait for. Disarmed, calls pass straight through. A
+    runtime that never admits ``expected`` calls at once is released by the
+    hang guard, and the counters it showed are the verdict.
+    """
+
+    expected: int = 0
+    arrived: int = 0
+    ended: int = 0
+    full: anyio.Event | None = None
+    on_full: Callable[[], None] | None = None
+
+    def arm(self, expected: int, on_full: Callable[[], None]) -> None:
+        self.expected, self.arrived, self.ended = expected, 0, 0
+        self.full, self.on_full = anyio.Event(), on_full
+
+    def disarm(self) -> None:
+        self.expected = 0
+        if self.full is not None:
+            self.full.set()
+
+    def _holding(self) -> anyio.Event | None:
+        full = self.full
+        return None if self.expected == 0 or full is None or full.is_set() else full
+
+    async def arrive(self) -> None:
+        full = self._holding()
+        if full is None:
+            return
+        self.arrived += 1
+        if self.arrived == self.expected:
+            if self.on_full is not None:
+                self.on_full()
+            full.set()
+            return
+        if self.arrived + self.ended >= self.expected:
+            full.set()
+            return
+        with anyio.move_on_after(HANG_GUARD_S):
+            await full.wait()
+        full.set()  # after the guard, the others go too
+
+    def left(self) -> None:
+        """A wave member ended; one that never arrived (held ones cannot end) is no longer awaited."""
+        full = self._holding()
+        if full is None:
+            return
+        self.ended += 1
+        if self.arrived + self.ended >= self.expected:
+            full.set()
+
+
+class RendezvousProvider:
+    """The gate's provider as the runtime sees it: a session call passes the rendezvous first."""
+
+    def __init__(self, inner: GateProvider, rendezvous: Rendezvous) -> None:
+        self.inner = inner
+        self.rendezvous = rendezvous
+
+    async def load(self, spec: ModelSpec) -> Any:
+        return await self.inner.load(spec)
+
+    async def release(self, spec: ModelSpec, factory: Any) -> None:
+        await self.inner.release(spec, factory)
+
+    async def create(self, factory: Any) -> Any:
+        return await self.inner.create(factory)
+
+    async def clone(self, factory: Any, primary: Any) -> Any:
+        return await self.inner.clone(factory, primary)
+
+    async def close(self, session: Any) -> None:
+        await self.inner.close(session)
+
+    async def run(self, session: Any, request: Any) -> Any:
+        await self.rendezvous.arrive()
+        return await self.inner.run(session, request)
+
+    async def stream(self, session: Any, request: Any) -> AsyncIterator[Any]:
+        await self.rendezvous.arrive()  # before the first chunk: every stream of the wave is open
+        chunks = self.inner.stream(session, request)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def batch(self, session: Any, requests: Sequence[Any]) -> list[Any]:
+        return await self.inner.batch(session, requests)
+
+    async def reset(self, session: Any) -> None:
+        await self.inner.reset(session)
 
 
 # --------------------------------------------------------------- the gate
@@ -37,6 +161,7 @@ class Gate:
     warm: list[str] = attrs.field(factory=list)
     stream_ref: list[str] = attrs.field(factory=list)
     stream_chunks: dict[str, int] = attrs.field(factory=dict)
+    rendezvous: Rendezvous = attrs.field(factory=Rendezvous)
     perf: dict[str, list[float]] = attrs.field(factory=dict)
     checks: dict[str, Check] = attrs.field(factory=dict)
 
@@ -45,7 +170,9 @@ class Gate:
         return f"validate-{self.family}"
 
     def spec(self, slots: int, mode: str = "offline", suffix: str = "") -> ModelSpec:
-        return ModelSpec(self.model_id + suffix, self.family, task=self.plan.task, mode=mode, slots=slots)
+        return ModelSpec(
+            self.model_id + suffix, self.family, task=self.plan.task, mode=mode, slots=slots
+        )
 
     def check(self, cid: str) -> Check:
         return self.checks[cid]
@@ -54,8 +181,14 @@ class Gate:
     async def one(self, rt: Runtime, request: Any, model: str | None = None) -> Any:
         return await rt.run(model or self.model_id, request)
 
-    async def wave(self, rt: Runtime, idx: Sequence[int], extra: Sequence[Any] = ()) -> tuple[list[Any], float]:
-        """Submit every request at once (in ``idx`` order, then ``extra``); results or exceptions."""
+    async def wave(
+        self, rt: Runtime, idx: Sequence[int], extra: Sequence[Any] = (), *, together: bool = False
+    ) -> tuple[list[Any], float]:
+        """Submit every request at once (in ``idx`` order, then ``extra``); results or exceptions.
+
+        ``together``: no session call starts until all of them are in flight, and the counters
+        are read at that moment (:meth:`observe`), so the wave's concurrency is seen for sure.
+        """
         requests = [self.cases[i].request for i in idx] + list(extra)
         out: list[Any] = [None] * len(requests)
 
@@ -64,36 +197,64 @@ class Gate:
                 out[k] = self.plan.fingerprint(await self.one(rt, requests[k]))
             except Exception as exc:
                 out[k] = exc
+            finally:
+                self.rendezvous.left()
 
+        if together:
+            self.rendezvous.arm(len(requests), self.observe)
         t = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for k in range(len(requests)):
-                tg.start_soon(go, k)
+        try:
+            async with anyio.create_task_group() as tg:
+                for k in range(len(requests)):
+                    tg.start_soon(go, k)
+        finally:
+            self.rendezvous.disarm()
         return out, time.perf_counter() - t
 
-    def compare(self, c: Check, label: str, idx: Sequence[int], got: Sequence[Any], refs: Sequence[str]) -> int:
+    def observe(self) -> None:
+        """Read the watched models' counters now into the monitor's maxima for the current phase."""
+        rt, phase = self.monitor.runtime, self.monitor.phase
+        if rt is None:
+            return
+        for model in self.monitor.models:
+            row = rt.status_of(model)
+            self.monitor.active[phase] = max(self.monitor.active.get(phase, 0), row.active_slots)
+            if row.loaded:
+                ready = self.monitor.active_ready.get(phase, 0)
+                self.monitor.active_ready[phase] = max(ready, row.active_slots)
+
+    def compare(
+        self, c: Check, label: str, idx: Sequence[int], got: Sequence[Any], refs: Sequence[str]
+    ) -> int:
         """Exact comparison of each output with its serial reference; the number compared."""
         for i, g in zip(idx, got, strict=False):
             if isinstance(g, Exception):
                 c.failures.append(f"{label}: {self.cases[i].name} raised {type(g).__name__}: {g}")
             elif g != refs[i]:
-                c.failures.append(f"{label}: {self.cases[i].name} differs from its single-slot reference")
+                c.failures.append(
+                    f"{label}: {self.cases[i].name} differs from its single-slot reference"
+                )
         return len(idx)
 
     def drained(self, c: Check, rt: Runtime, label: str) -> None:
         for row in rt.status():
-            c.expect(row.active_slots == 0 and row.queued_requests == 0 and row.queued_management == 0,
-                     f"{label}: counters not drained on {row.id} ({row.active_slots} active, "
-                     f"{row.queued_requests} queued, {row.queued_management} managers)")
+            c.expect(
+                row.active_slots == 0 and row.queued_requests == 0 and row.queued_management == 0,
+                f"{label}: counters not drained on {row.id} ({row.active_slots} active, "
+                f"{row.queued_requests} queued, {row.queued_management} managers)",
+            )
         c.expect(not rt.in_use, f"{label}: slots still in use {sorted(rt.in_use)}")
         c.expect(not rt.violations, f"{label}: runtime violations {rt.violations}")
 
     def pick(self, n: int, rotate: int = 0) -> list[int]:
         return [(rotate + k) % len(self.cases) for k in range(n)]
 
-    def fresh(self, slots: int, kind: RuntimeKind = RuntimeKind.PARALLEL) -> tuple[GateProvider, Runtime]:
+    def fresh(
+        self, slots: int, kind: RuntimeKind = RuntimeKind.PARALLEL
+    ) -> tuple[GateProvider, Runtime]:
         provider = self.make_provider()
-        rt = Runtime(provider, RuntimeConfig(busy_timeout_ms=600_000, kind=kind))
+        held = RendezvousProvider(provider, self.rendezvous)
+        rt = Runtime(held, RuntimeConfig(busy_timeout_ms=600_000, kind=kind))
         rt.add_model(self.spec(slots))
         return provider, rt
 
@@ -114,8 +275,12 @@ class Gate:
         n_idx = self.pick(self.slots)
         _, rt = self.fresh(1, RuntimeKind.ORIGINAL)
         async with rt:
-            legacy = [self.plan.fingerprint(await self.one(rt, case.request)) for case in self.cases]
-            self.perf["original_one"], self.perf["original_serial_n"] = await self.serial_timings(rt, n_idx)
+            legacy = [
+                self.plan.fingerprint(await self.one(rt, case.request)) for case in self.cases
+            ]
+            self.perf["original_one"], self.perf["original_serial_n"] = await self.serial_timings(
+                rt, n_idx
+            )
         _, rt = self.fresh(1)
         self.watch(rt)
         async with rt:
@@ -125,25 +290,39 @@ class Gate:
                 self.cold.append(self.plan.fingerprint(await self.one(rt, case.request)))
                 self.warm.append(self.plan.fingerprint(await self.one(rt, case.request)))
                 repeat.append(self.plan.fingerprint(await self.one(rt, case.request)))
-            self.perf["candidate_one"], self.perf["candidate_serial_n"] = await self.serial_timings(rt, n_idx)
+            self.perf["candidate_one"], self.perf["candidate_serial_n"] = await self.serial_timings(
+                rt, n_idx
+            )
             self.drained(c, rt, "M1 single-slot")
         self.stream_ref = await self.stream_references(c)
         for i, case in enumerate(self.cases):
-            variants = {"upstream (direct session)": upstream[i], "original runtime": legacy[i],
-                        "parallel x1 cold": self.cold[i], "parallel x1 warm": self.warm[i],
-                        "parallel x1 repeated warm": repeat[i]}
-            c.expect(len(set(variants.values())) == 1,
-                     f"{case.name}: serial outputs vary ({variants}); parity unverified")
+            variants = {
+                "upstream (direct session)": upstream[i],
+                "original runtime": legacy[i],
+                "parallel x1 cold": self.cold[i],
+                "parallel x1 warm": self.warm[i],
+                "parallel x1 repeated warm": repeat[i],
+            }
+            c.expect(
+                len(set(variants.values())) == 1,
+                f"{case.name}: serial outputs vary ({variants}); parity unverified",
+            )
         c.evidence.update(
-            references={case.name: {"cold": self.cold[i], "warm": self.warm[i], "input": case.meta}
-                        for i, case in enumerate(self.cases)},
-            stream_references={s.name: {"sha256": ref, "chunks": self.stream_chunks[s.name]}
-                               for s, ref in zip(self.plan.stream_cases(), self.stream_ref, strict=True)},
+            references={
+                case.name: {"cold": self.cold[i], "warm": self.warm[i], "input": case.meta}
+                for i, case in enumerate(self.cases)
+            },
+            stream_references={
+                s.name: {"sha256": ref, "chunks": self.stream_chunks[s.name]}
+                for s, ref in zip(self.plan.stream_cases(), self.stream_ref, strict=True)
+            },
             compared="upstream direct session, original runtime (unflagged), parallel runtime at 1 slot: "
-                     "cold, warm, repeated warm",
+            "cold, warm, repeated warm",
         )
 
-    async def serial_timings(self, rt: Runtime, idx: Sequence[int]) -> tuple[list[float], list[float]]:
+    async def serial_timings(
+        self, rt: Runtime, idx: Sequence[int]
+    ) -> tuple[list[float], list[float]]:
         one, serial = [], []
         for _ in range(3):
             t = time.perf_counter()
@@ -165,8 +344,13 @@ class Gate:
                 chunks = await rt.stream(self.model_id + "-stream", case.request)
                 self.stream_chunks[case.name] = len(chunks)
                 first = self.plan.chunks_fingerprint(chunks)
-                again = self.plan.chunks_fingerprint(await rt.stream(self.model_id + "-stream", case.request))
-                c.expect(first == again, f"stream {case.name}: serial streams vary; stream parity unverified")
+                again = self.plan.chunks_fingerprint(
+                    await rt.stream(self.model_id + "-stream", case.request)
+                )
+                c.expect(
+                    first == again,
+                    f"stream {case.name}: serial streams vary; stream parity unverified",
+                )
                 refs.append(first)
         return refs
 
@@ -183,20 +367,27 @@ class Gate:
             base_rss = settled_rss()
             self.monitor.phase = f"{tag}/cold"
             idx = self.pick(n, s)
-            got, _ = await self.wave(rt, idx)
+            got, _ = await self.wave(rt, idx, together=True)
             stats["compared"] += self.compare(m2, f"{tag} cold wave", idx, got, self.cold)
-            m2.expect(provider.loads == 1, f"{tag}: {provider.loads} weight loads for one cold wave")
+            m2.expect(
+                provider.loads == 1, f"{tag}: {provider.loads} weight loads for one cold wave"
+            )
             cold_active = self.monitor.active.get(self.monitor.phase, 0)
             stats["cold_wave_active_leases"] = cold_active
-            m2.expect(cold_active == n, f"{tag} cold wave: observed {cold_active} active leases, expected {n}")
+            m2.expect(
+                cold_active == n,
+                f"{tag} cold wave: observed {cold_active} active leases, expected {n}",
+            )
             first_peak = self.monitor.peak(f"{tag}/cold")
             self.drained(m2, rt, f"{tag} cold wave")
             ready_seen = 0
             for w in range(2):
                 self.monitor.phase = f"{tag}/mixed{w}"
                 idx = self.pick(n, s + w + 1)[:: -1 if w % 2 else 1]
-                got, _ = await self.wave(rt, idx)
-                stats["compared"] += self.compare(m2, f"{tag} mixed warm wave {w}", idx, got, self.warm)
+                got, _ = await self.wave(rt, idx, together=True)
+                stats["compared"] += self.compare(
+                    m2, f"{tag} mixed warm wave {w}", idx, got, self.warm
+                )
                 ready_seen = max(ready_seen, self.monitor.active_ready.get(self.monitor.phase, 0))
             self.monitor.phase = f"{tag}/serial"
             for i in self.pick(n, s):
@@ -218,13 +409,16 @@ class Gate:
                 idx = self.pick(n, s + 2 * w + 1)
                 if w % 2:
                     idx = idx[::-1]
-                got, wall = await self.wave(rt, idx)
+                got, wall = await self.wave(rt, idx, together=True)
                 walls.append(wall)
                 self.compare(m3, f"{tag} warm wave {w}", idx, got, self.warm)
                 ready_seen = max(ready_seen, self.monitor.active_ready.get(self.monitor.phase, 0))
                 after_wave.append(settled_rss())
             self.drained(m3, rt, f"{tag} after warm waves")
-            m2.expect(ready_seen == n, f"{tag}: at most {ready_seen} active loaded leases observed in warm waves, expected {n}")
+            m2.expect(
+                ready_seen == n,
+                f"{tag}: at most {ready_seen} active loaded leases observed in warm waves, expected {n}",
+            )
             self.monitor.phase = f"{tag}/perf"
             idx = self.pick(n)
             for _ in range(3):
@@ -234,27 +428,42 @@ class Gate:
         stats.update(warm_active_loaded_leases=ready_seen, weight_loads=provider.loads)
         m2.evidence.setdefault("starts", {})[tag] = stats
         m3.evidence.setdefault("starts", {})[tag] = {
-            "waves": self.waves, "requests_compared": self.waves * n, "reversed_waves": self.waves // 2,
-            "inputs_used": sorted({self.cases[i].name for w in range(self.waves) for i in self.pick(n, s + 2 * w + 1)}),
-            "wave_walls_s": [round(x, 4) for x in walls]}
-        m5.evidence.setdefault("starts", {})[tag] = self.memory(base_rss, first_peak, idle_rss, after_wave)
+            "waves": self.waves,
+            "requests_compared": self.waves * n,
+            "reversed_waves": self.waves // 2,
+            "inputs_used": sorted(
+                {self.cases[i].name for w in range(self.waves) for i in self.pick(n, s + 2 * w + 1)}
+            ),
+            "wave_walls_s": [round(x, 4) for x in walls],
+        }
+        m5.evidence.setdefault("starts", {})[tag] = self.memory(
+            base_rss, first_peak, idle_rss, after_wave
+        )
 
-    def memory(self, base: int, first_peak: int, idle: int, after_wave: list[int]) -> dict[str, Any]:
+    def memory(
+        self, base: int, first_peak: int, idle: int, after_wave: list[int]
+    ) -> dict[str, Any]:
         c = self.check("M5")
         mib = 1024 * 1024
-        out: dict[str, Any] = {"rss_before_load_mib": round(base / mib, 2),
-                               "first_request_peak_mib": round(first_peak / mib, 2),
-                               "first_request_peak_growth_mib": round(max(first_peak - base, 0) / mib, 2),
-                               "retained_after_unload_mib": round((idle - base) / mib, 2),
-                               "after_each_warm_wave_mib": [round(r / mib, 2) for r in after_wave]}
+        out: dict[str, Any] = {
+            "rss_before_load_mib": round(base / mib, 2),
+            "first_request_peak_mib": round(first_peak / mib, 2),
+            "first_request_peak_growth_mib": round(max(first_peak - base, 0) / mib, 2),
+            "retained_after_unload_mib": round((idle - base) / mib, 2),
+            "after_each_warm_wave_mib": [round(r / mib, 2) for r in after_wave],
+        }
         if len(after_wave) < 4:
-            c.gaps.append(f"only {len(after_wave)} warm waves in a start: too few to assess stabilization")
+            c.gaps.append(
+                f"only {len(after_wave)} warm waves in a start: too few to assess stabilization"
+            )
             return out
         half = len(after_wave) // 2
         growth = max(after_wave[half:]) - max(after_wave[:half])
         out["late_growth_mib"] = round(growth / mib, 2)
         if growth > GROWTH_TOLERANCE_BYTES:
-            c.gaps.append(f"RSS still grew {growth / mib:.1f} MiB over the later warm waves (unexplained; investigate)")
+            c.gaps.append(
+                f"RSS still grew {growth / mib:.1f} MiB over the later warm waves (unexplained; investigate)"
+            )
         return out
 
     # ---- M4 + M6 (one more fresh start)
@@ -280,14 +489,21 @@ class Gate:
                 setattr(provider, what, True)
                 try:
                     await self.one(rt, self.cases[0].request)
-                    m4.failures.append(f"{what}: the request succeeded despite the injected failure")
+                    m4.failures.append(
+                        f"{what}: the request succeeded despite the injected failure"
+                    )
                 except LoadError:
                     pass
-                m4.expect(not rt.status_of(self.model_id).loaded, f"{what}: model loaded after a failed load")
+                m4.expect(
+                    not rt.status_of(self.model_id).loaded,
+                    f"{what}: model loaded after a failed load",
+                )
                 self.drained(m4, rt, f"after {what}")
                 got, _ = await self.wave(rt, idx)
                 self.compare(m4, f"retry after {what}", idx, got, self.cold)
-                steps.append(f"{what.replace('_', ' ')} injected, then a concurrent cold retry wave")
+                steps.append(
+                    f"{what.replace('_', ' ')} injected, then a concurrent cold retry wave"
+                )
             for scope in ("targeted", "all-model"):
                 self.monitor.phase = f"m4/unload_during_load/{scope}"
                 await rt.unload(self.model_id)
@@ -297,7 +513,9 @@ class Gate:
 
                 async def request(result: list[Any] = result) -> None:
                     try:
-                        result.append(self.plan.fingerprint(await self.one(rt, self.cases[0].request)))
+                        result.append(
+                            self.plan.fingerprint(await self.one(rt, self.cases[0].request))
+                        )
                     except Exception as exc:
                         result.append(exc)
 
@@ -308,17 +526,27 @@ class Gate:
                         tg.start_soon(rt.unload, self.model_id)
                     else:
                         tg.start_soon(rt.bulk_unload, None)
-                    await anyio.sleep(0.05)
+                    # the unload queues behind the held load: wait until the counters show it
+                    await settle(lambda: rt.status_of(self.model_id).queued_management >= 1)
                     row = rt.status_of(self.model_id)
-                    m4.expect(row.state == "loading" and row.queued_management >= 1,
-                              f"{scope} unload during load: state {row.state}, {row.queued_management} managers queued")
+                    m4.expect(
+                        row.state == "loading" and row.queued_management >= 1,
+                        f"{scope} unload during load: state {row.state}, {row.queued_management} managers queued",
+                    )
                     hold.set()
-                self.compare(m4, f"request that started the load ({scope} unload)", [0], result, self.cold)
-                m4.expect(not rt.status_of(self.model_id).loaded, f"{scope} unload undone: model still loaded")
+                self.compare(
+                    m4, f"request that started the load ({scope} unload)", [0], result, self.cold
+                )
+                m4.expect(
+                    not rt.status_of(self.model_id).loaded,
+                    f"{scope} unload undone: model still loaded",
+                )
                 self.drained(m4, rt, f"after {scope} unload during first load")
                 got, _ = await self.wave(rt, idx)
                 self.compare(m4, f"reload after {scope} unload", idx, got, self.cold)
-                steps.append(f"{scope} unload while the first lazy load was held; the loading request finished, then the unload ran")
+                steps.append(
+                    f"{scope} unload while the first lazy load was held; the loading request finished, then the unload ran"
+                )
             await self.streams(rt, stream_model, m6)
         self.drained(m4, rt, "after shutdown")
         m4.evidence.update(steps=steps, weight_loads=provider.loads)
@@ -330,18 +558,31 @@ class Gate:
 
         async def full(k: int, out: list[Any]) -> None:
             try:
-                out[k] = self.plan.chunks_fingerprint(await rt.stream(model, cases[picks[k]].request))
+                out[k] = self.plan.chunks_fingerprint(
+                    await rt.stream(model, cases[picks[k]].request)
+                )
             except Exception as exc:
                 out[k] = exc
+            finally:
+                self.rendezvous.left()
 
         async def wave(label: str) -> None:
             self.monitor.phase = f"m6/{label}"
             out: list[Any] = [None] * n
-            async with anyio.create_task_group() as tg:
-                for k in range(n):
-                    tg.start_soon(full, k, out)
+            self.rendezvous.arm(
+                n, self.observe
+            )  # the first chunks wait until all n streams are open
+            try:
+                async with anyio.create_task_group() as tg:
+                    for k in range(n):
+                        tg.start_soon(full, k, out)
+            finally:
+                self.rendezvous.disarm()
             for k, got in enumerate(out):
-                c.expect(got == self.stream_ref[picks[k]], f"{label}: stream {cases[picks[k]].name} differs from its serial stream")
+                c.expect(
+                    got == self.stream_ref[picks[k]],
+                    f"{label}: stream {cases[picks[k]].name} differs from its serial stream",
+                )
             seen = self.monitor.active_ready.get(self.monitor.phase, 0)
             c.expect(seen == n, f"{label}: observed {seen} active streams, expected {n}")
 
@@ -359,19 +600,33 @@ class Gate:
                         scope.cancel()
         c.expect(pulled == 1, f"cancelled stream pulled {pulled} chunks after its cancellation")
         if n > 1:
-            c.expect(other[1] == self.stream_ref[picks[1]], "the stream beside the cancelled one differs from its serial stream")
+            c.expect(
+                other[1] == self.stream_ref[picks[1]],
+                "the stream beside the cancelled one differs from its serial stream",
+            )
         self.drained(c, rt, "after a stream cancelled midway")
         await wave("streams after a cancellation")
-        c.evidence["streaming"] = {"model": model, "mode": self.plan.stream_mode, "concurrent_streams": n,
-                                   "cancelled_after_chunks": pulled,
-                                   "cancelled_stream_total_chunks": self.stream_chunks[cases[0].name], "references": "serial streams on one slot (M1)"}
+        c.evidence["streaming"] = {
+            "model": model,
+            "mode": self.plan.stream_mode,
+            "concurrent_streams": n,
+            "cancelled_after_chunks": pulled,
+            "cancelled_stream_total_chunks": self.stream_chunks[cases[0].name],
+            "references": "serial streams on one slot (M1)",
+        }
 
     # ---- the whole run
     async def run(self) -> None:
         self.plan = PLANS[self.family]()
         self.cases = self.plan.cases()
-        titles = {"M1": "Scope/serial quality", "M2": "Every admitted count", "M3": "Mixed/repeated quality",
-                  "M4": "Model recovery", "M5": "Memory reuse", "M6": "Execution modes"}
+        titles = {
+            "M1": "Scope/serial quality",
+            "M2": "Every admitted count",
+            "M3": "Mixed/repeated quality",
+            "M4": "Model recovery",
+            "M5": "Memory reuse",
+            "M6": "Execution modes",
+        }
         self.checks = {k: Check(k, v) for k, v in titles.items()}
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.monitor.poll)
@@ -382,6 +637,10 @@ class Gate:
             self.watch(None)
             tg.cancel_scope.cancel()
         if self.starts < MIN_STARTS:
-            self.check("M2").gaps.append(f"{self.starts} fresh start(s) run; seed 003 requires at least {MIN_STARTS}")
+            self.check("M2").gaps.append(
+                f"{self.starts} fresh start(s) run; seed 003 requires at least {MIN_STARTS}"
+            )
         if self.waves < MIN_WAVES:
-            self.check("M3").gaps.append(f"{self.waves} warm wave(s) per start; seed 003 requires at least {MIN_WAVES}")
+            self.check("M3").gaps.append(
+                f"{self.waves} warm wave(s) per start; seed 003 requires at least {MIN_WAVES}"
+            )

@@ -1,45 +1,88 @@
-"""SIGTERM on a live server: stop accepting, finish admitted and queued work, exit 0."""
+"""SIGTERM on a live server: stop accepting, finish admitted and queued work, exit 0.
+
+The server's session work is held at a gate (:mod:`tests.server.gated`), so the
+request in the slot is provably still running, and the one behind it still
+queued, when the signal arrives, however fast this machine is.
+"""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 
-from tests.server.live import DATA, LONG_TEXT, LiveServer, in_thread
+from tests.server.gated import GatedServer, granted_at, released_at, wait_until
+from tests.server.live import DATA, in_thread
+
+SPEECH = "/v1/audio/speech"
+
+
+def refuses_connections(server: GatedServer) -> bool:
+    try:
+        httpx.get(server.url + "/health", timeout=10.0)
+    except httpx.ConnectError:
+        return True
+    except httpx.TransportError:
+        pass
+    return False
 
 
 def test_sigterm_drains_admitted_and_queued_work(server_logs: Path) -> None:
-    server = LiveServer(DATA / "drain.json", server_logs).start()  # piper, 1 slot, loaded at startup
+    server = GatedServer(
+        DATA / "drain.json", server_logs
+    ).start()  # piper, 1 slot, loaded at startup
+    clients = [server.client() for _ in range(2)]
     try:
         assert server.model("piper")["loaded"] is True
-        clients = [server.client() for _ in range(2)]
-        running = in_thread(lambda: clients[0].post("/v1/audio/speech", json={"model": "piper", "input": LONG_TEXT}))
-        server.wait_for("piper", lambda r: r["active_slots"] == 1)
-        queued = in_thread(lambda: clients[1].post("/v1/audio/speech", json={"model": "piper", "input": "Still here.", "seed": 5}))
-        server.wait_for("piper", lambda r: r["queued_requests"] == 1)
+        base = server.hold("piper")
+        running = in_thread(
+            lambda: clients[0].post(SPEECH, json={"model": "piper", "input": "Running now."})
+        )
+        server.wait_arrived("piper", base + 1)
+        queued = in_thread(
+            lambda: clients[1].post(
+                SPEECH, json={"model": "piper", "input": "Still here.", "seed": 5}
+            )
+        )
+        server.wait_for("piper", lambda r: r["active_slots"] == 1 and r["queued_requests"] == 1)
 
         server.signal()
-        sent = time.monotonic()
-        # the listener closes at once: new connections are refused while the old work drains
-        refused = False
-        while time.monotonic() - sent < 5 and not refused:
-            try:
-                httpx.get(server.url + "/health", timeout=1.0)
-                time.sleep(0.05)
-            except httpx.TransportError:
-                refused = True
-        assert refused, "the server kept accepting connections after SIGTERM"
-        assert not running.done(), "the running request finished before the check; use a longer text"
+        # the listener closes at once: new connections are refused while the old work is held
+        wait_until("the listener to close after SIGTERM", lambda: refuses_connections(server))
+        assert "shutting down" in server.log()
+        assert not running.done() and not queued.done()
+        assert [e["label"] for e in server.arrivals("piper", base)] == [
+            "Running now."
+        ]  # queued: not started
 
+        server.open("piper")
         assert running.result(timeout=120).status_code == 200
         late = queued.result(timeout=120)
         assert late.status_code == 200 and late.content[:4] == b"RIFF"
         assert server.proc is not None
         assert server.proc.wait(60) == 0
-        assert "shutting down" in server.log()
+
+        # the server's record: both ran to their end, the queued one after the running one
+        log = [e for e in server.events("piper") if e["event"] in ("arrive", "end")]
+        assert [(e["event"], e["step"] - base) for e in log] == [
+            ("arrive", 1),
+            ("end", 1),
+            ("arrive", 2),
+            ("end", 2),
+        ]
+        assert [e["label"] for e in server.arrivals("piper", base)] == [
+            "Running now.",
+            "Still here.",
+        ]
+        assert all(e["ok"] for e in log if e["event"] == "end")
+        # ... and its trace: the second was queued, and got the slot when the first gave it back
+        records = server.trace()
+        first, second = (int(r.args["ticket"]) for r in records if r.event == "request")
+        assert next(
+            r for r in records if r.event == "request" and r.args["ticket"] == second
+        ).decision.startswith("queued")
+        assert granted_at(records, second) == released_at(records, first)
+    finally:
         for c in clients:
             c.close()
-    finally:
         server.stop()
