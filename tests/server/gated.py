@@ -340,6 +340,17 @@ class GatedServer(LiveServer):
         return [TraceRecord.from_json(line) for line in lines]
 
 
+@contextlib.contextmanager
+def serving(config: Path, log_dir: Path) -> Iterator[GatedServer]:
+    """A gated server for the block; stopped at the end, it must exit 0 (its drain finished)."""
+    server = GatedServer(config, log_dir).start()
+    try:
+        yield server
+    finally:
+        rc = server.stop()
+        assert rc == 0, f"gated server exited with {rc}:\n{server.log()[-4000:]}"
+
+
 def granted_in(record: TraceRecord) -> list[int]:
     """Tickets a trace record granted a slot: its own (request, manage) or its wake-ups'."""
     if record.event in ("request", "manage") and record.decision.startswith("granted"):

@@ -24,6 +24,7 @@ from tests.server.gated import (
     max_in_flight,
     raw_post,
     released_at,
+    serving,
     wait_until,
 )
 from tests.server.live import AUTH, DATA, in_thread
@@ -37,12 +38,8 @@ SPEECH = "/v1/audio/speech"
 @pytest.fixture(scope="module")
 def gated(server_logs: Path) -> Iterator[GatedServer]:
     """main.json (piper 4 slots, tts1 1 slot, management on), traced, every model's work gated."""
-    server = GatedServer(DATA / "main.json", server_logs).start()
-    try:
+    with serving(DATA / "main.json", server_logs) as server:
         yield server
-    finally:
-        rc = server.stop()
-        assert rc == 0, f"gated server exited with {rc}:\n{server.log()[-4000:]}"
 
 
 def clients(server: GatedServer, stack: ExitStack, n: int) -> list[httpx.Client]:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.live import DATA, LONG_TEXT, LiveServer, assert_error, b64, in_thread, silence_wav
+from tests.server.gated import GatedServer, granted_in, serving
+from tests.server.live import DATA, LiveServer, assert_error, b64, in_thread, silence_wav
 
 SPEECH = {"model": "piper", "input": "Hello."}
 
@@ -45,11 +47,18 @@ def test_bad_json_bodies_are_400(http: httpx.Client, content: bytes) -> None:
 
 
 def test_unknown_model_is_404(http: httpx.Client, hello_wav: bytes) -> None:
-    assert_error(http.post("/v1/audio/speech", json={**SPEECH, "model": "nope"}), 404, "not_found_error", "nope")
+    assert_error(
+        http.post("/v1/audio/speech", json={**SPEECH, "model": "nope"}),
+        404,
+        "not_found_error",
+        "nope",
+    )
     files = {"file": ("a.wav", hello_wav, "audio/wav")}
     r = http.post("/v1/audio/transcriptions", files=files, data={"model": "nope"})
     assert_error(r, 404, "not_found_error")
-    assert_error(http.post("/v1/tasks/run", json={"model": "nope", "request": {}}), 404, "not_found_error")
+    assert_error(
+        http.post("/v1/tasks/run", json={"model": "nope", "request": {}}), 404, "not_found_error"
+    )
     assert_error(http.get("/v1/audio/voices", params={"model": "nope"}), 404, "not_found_error")
 
 
@@ -60,72 +69,162 @@ def test_unknown_route_is_404_and_wrong_method_is_json(http: httpx.Client) -> No
 
 
 def transcribe(http: httpx.Client, name: str, data: bytes, **fields: str) -> httpx.Response:
-    return http.post("/v1/audio/transcriptions", files={"file": (name, data, "audio/wav")}, data={"model": "whisper", **fields})
+    return http.post(
+        "/v1/audio/transcriptions",
+        files={"file": (name, data, "audio/wav")},
+        data={"model": "whisper", **fields},
+    )
 
 
 def test_transcription_validation_is_400(http: httpx.Client, hello_wav: bytes) -> None:
-    assert_error(transcribe(http, "a.mp3", b"ID3\x03\x00fake mp3"), 400, "invalid_request_error", "only WAV")
-    assert_error(transcribe(http, "a.wav", b"RIFF\x00\x00garbage" * 7), 400, "invalid_request_error", "WAV")
-    assert_error(transcribe(http, "a.wav", bytes(range(256))), 400, "invalid_request_error", "not a WAV")
+    assert_error(
+        transcribe(http, "a.mp3", b"ID3\x03\x00fake mp3"), 400, "invalid_request_error", "only WAV"
+    )
+    assert_error(
+        transcribe(http, "a.wav", b"RIFF\x00\x00garbage" * 7), 400, "invalid_request_error", "WAV"
+    )
+    assert_error(
+        transcribe(http, "a.wav", bytes(range(256))), 400, "invalid_request_error", "not a WAV"
+    )
     assert_error(transcribe(http, "a.wav", b""), 400, "invalid_request_error")
-    assert_error(transcribe(http, "a.wav", hello_wav, language="fr"), 400, "invalid_request_error", "English-only")
-    assert_error(transcribe(http, "a.wav", hello_wav, response_format="xml"), 400, "invalid_request_error", "xml")
-    assert_error(transcribe(http, "a.wav", hello_wav, busy_timeout_ms="-5"), 400, "invalid_request_error")
-    r = http.post("/v1/audio/transcriptions", data={"model": "whisper"}, files={"other": ("x", b"1")})
+    assert_error(
+        transcribe(http, "a.wav", hello_wav, language="fr"),
+        400,
+        "invalid_request_error",
+        "English-only",
+    )
+    assert_error(
+        transcribe(http, "a.wav", hello_wav, response_format="xml"),
+        400,
+        "invalid_request_error",
+        "xml",
+    )
+    assert_error(
+        transcribe(http, "a.wav", hello_wav, busy_timeout_ms="-5"), 400, "invalid_request_error"
+    )
+    r = http.post(
+        "/v1/audio/transcriptions", data={"model": "whisper"}, files={"other": ("x", b"1")}
+    )
     assert_error(r, 400, "invalid_request_error", "'file'")
     r = http.post("/v1/audio/transcriptions", json={"model": "whisper"})
     assert_error(r, 400, "invalid_request_error", "audio is required")
-    r = http.post("/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": "not base64!"})
+    r = http.post(
+        "/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": "not base64!"}
+    )
     assert_error(r, 400, "invalid_request_error", "base64")
-    r = http.post("/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": b64(b"just bytes")})
+    r = http.post(
+        "/v1/audio/transcriptions", json={"model": "whisper", "audio_base64": b64(b"just bytes")}
+    )
     assert_error(r, 400, "invalid_request_error", "not a WAV")
-    r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav), "threshold": "high"})
+    r = http.post(
+        "/v1/audio/vad",
+        json={"model": "silero_vad", "audio_base64": b64(hello_wav), "threshold": "high"},
+    )
     assert_error(r, 400, "invalid_request_error", "threshold")
 
 
 def test_audio_paths_are_confined_to_audio_roots(http: httpx.Client) -> None:
     inside = DATA / "audio" / "hello.wav"
-    for path in (str(DATA / "audio" / ".." / "main.json"), str(DATA / "main.json"), "/etc/passwd",
-                 str(DATA / "audio" / ".." / "audio" / ".." / "audio" / ".." / "main.json")):
+    for path in (
+        str(DATA / "audio" / ".." / "main.json"),
+        str(DATA / "main.json"),
+        "/etc/passwd",
+        str(DATA / "audio" / ".." / "audio" / ".." / "audio" / ".." / "main.json"),
+    ):
         r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": path})
         assert_error(r, 400, "invalid_request_error", "outside the configured audio_roots")
-    r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "missing.wav")})
+    r = http.post(
+        "/v1/audio/vad",
+        json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "missing.wav")},
+    )
     assert_error(r, 400, "invalid_request_error", "cannot read")
     # a traversal that comes back inside the root is inside
     back = str(DATA / "audio" / ".." / "audio" / "hello.wav")
-    assert http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": back}).status_code == 200
-    assert http.post("/v1/tasks/run", json={"model": "silero_vad", "request": {"audio_path": str(inside)}}).status_code == 200
+    assert (
+        http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": back}).status_code
+        == 200
+    )
+    assert (
+        http.post(
+            "/v1/tasks/run", json={"model": "silero_vad", "request": {"audio_path": str(inside)}}
+        ).status_code
+        == 200
+    )
 
 
 def test_tasks_validation_is_400(http: httpx.Client) -> None:
-    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": []}), 400, "invalid_request_error")
-    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": [1]}), 400, "invalid_request_error")
+    assert_error(
+        http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": []}),
+        400,
+        "invalid_request_error",
+    )
+    assert_error(
+        http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": [1]}),
+        400,
+        "invalid_request_error",
+    )
     many = [{"audio_base64": "AAAA"}] * 65
-    assert_error(http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": many}), 400, "invalid_request_error")
-    r = http.post("/v1/tasks/stream", json={"model": "piper", "request": {"text": "Hi."}, "stream_format": "sse"})
+    assert_error(
+        http.post("/v1/tasks/batch", json={"model": "silero_vad", "requests": many}),
+        400,
+        "invalid_request_error",
+    )
+    r = http.post(
+        "/v1/tasks/stream",
+        json={"model": "piper", "request": {"text": "Hi."}, "stream_format": "sse"},
+    )
     assert_error(r, 400, "invalid_request_error", "stream_format")
-    assert_error(http.post("/v1/tasks/run", json={"model": "piper", "request": "Hi."}), 400, "invalid_request_error")
-    assert_error(http.post("/v1/tasks/run", json={"model": "piper", "request": {}}), 400, "invalid_request_error")
+    assert_error(
+        http.post("/v1/tasks/run", json={"model": "piper", "request": "Hi."}),
+        400,
+        "invalid_request_error",
+    )
+    assert_error(
+        http.post("/v1/tasks/run", json={"model": "piper", "request": {}}),
+        400,
+        "invalid_request_error",
+    )
 
 
-def test_busy_model_answers_503_with_retry_after(main_server: LiveServer, http: httpx.Client) -> None:
-    """tts1 has one slot: while a long request holds it, a request that may wait 100 ms gets 503."""
-    with main_server.client() as other:
-        long = in_thread(lambda: other.post("/v1/audio/speech", json={"model": "tts1", "input": LONG_TEXT}))
-        main_server.wait_for("tts1", lambda r: r["active_slots"] == 1)
-        t0 = time.monotonic()
-        r = http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100})
-        waited = time.monotonic() - t0
-        assert_error(r, 503, "server_busy")
-        assert int(r.headers["retry-after"]) >= 1
-        assert waited < 5.0
-        # streams are refused before any header too
-        r = http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "stream": True, "busy_timeout_ms": 100})
-        assert_error(r, 503, "server_busy")
-        assert not long.done(), "the long request finished too early for the check to mean anything"
-        assert long.result(timeout=120).status_code == 200
-    main_server.wait_idle("tts1")
-    assert http.post("/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100}).status_code == 200
+@pytest.fixture(scope="module")
+def gated(server_logs: Path) -> Iterator[GatedServer]:
+    """main.json with every model's session work held at a gate the test opens."""
+    with serving(DATA / "main.json", server_logs) as server:
+        yield server
+
+
+def test_busy_model_answers_503_with_retry_after(gated: GatedServer) -> None:
+    """tts1 has one slot: while a request is held in it, a request that may wait 100 ms gets 503,
+    and so does a stream, before any header; neither ever got the slot (the server's trace)."""
+    gated.wait_idle("tts1")
+    trace_from = len(gated.trace())
+    with gated.client() as http, gated.client() as other:
+        with gated.held("tts1") as base:
+            held = in_thread(
+                lambda: other.post("/v1/audio/speech", json={"model": "tts1", "input": "Held."})
+            )
+            gated.wait_arrived("tts1", base + 1)
+            r = http.post(
+                "/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100}
+            )
+            assert_error(r, 503, "server_busy")
+            assert int(r.headers["retry-after"]) >= 1
+            # streams are refused before any header too
+            body = {"model": "tts1", "input": "Hi.", "stream": True, "busy_timeout_ms": 100}
+            assert_error(http.post("/v1/audio/speech", json=body), 503, "server_busy")
+            assert not held.done()
+        assert held.result(timeout=120).status_code == 200
+        gated.wait_idle("tts1")
+        r = http.post(
+            "/v1/audio/speech", json={"model": "tts1", "input": "Hi.", "busy_timeout_ms": 100}
+        )
+        assert r.status_code == 200
+    records = [r for r in gated.trace()[trace_from:] if r.model == "tts1"]
+    tickets = [int(r.args["ticket"]) for r in records if r.event == "request"]
+    assert len(tickets) == 4
+    refused = tickets[1:3]
+    assert all(not any(t in granted_in(r) for r in records) for t in refused), records
+    assert all(any(t in granted_in(r) for r in records) for t in (tickets[0], tickets[3]))
 
 
 def test_restricted_server_limits(restricted_server: LiveServer, hello_wav: bytes) -> None:
@@ -139,26 +238,48 @@ def test_restricted_server_limits(restricted_server: LiveServer, hello_wav: byte
         ):
             r = http.request(method, path, json=body, headers={"Authorization": "Bearer anything"})
             assert_error(r, 403, "permission_error", "disabled")
-        r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "hello.wav")})
+        r = http.post(
+            "/v1/audio/vad",
+            json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "hello.wav")},
+        )
         assert_error(r, 400, "invalid_request_error", "audio_roots")
         files = {"file": ("hello.wav", hello_wav, "audio/wav")}
-        assert_error(http.post("/v1/audio/vad", files=files, data={"model": "silero_vad"}), 413, "invalid_request_error", "4096")
-        assert_error(http.post("/v1/audio/speech", json={"model": "piper", "input": "a " * 3000}), 413, "invalid_request_error")
+        assert_error(
+            http.post("/v1/audio/vad", files=files, data={"model": "silero_vad"}),
+            413,
+            "invalid_request_error",
+            "4096",
+        )
+        assert_error(
+            http.post("/v1/audio/speech", json={"model": "piper", "input": "a " * 3000}),
+            413,
+            "invalid_request_error",
+        )
 
-        def chunks():  # no content-length: the limit applies to the bytes actually sent
+        def chunks() -> Iterator[
+            bytes
+        ]:  # no content-length: the limit applies to the bytes actually sent
             for _ in range(10):
                 yield b"x" * 1000
 
-        r = http.post("/v1/audio/speech", content=chunks(), headers={"content-type": "application/json"})
+        r = http.post(
+            "/v1/audio/speech", content=chunks(), headers={"content-type": "application/json"}
+        )
         assert_error(r, 413, "invalid_request_error")
 
-        def multipart():  # a chunked upload is cut off at the limit too, not misread as malformed
+        def multipart() -> Iterator[
+            bytes
+        ]:  # a chunked upload is cut off at the limit too, not misread as malformed
             yield b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nsilero_vad\r\n'
             yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
             yield hello_wav
             yield b"\r\n--b--\r\n"
 
-        r = http.post("/v1/audio/vad", content=multipart(), headers={"content-type": "multipart/form-data; boundary=b"})
+        r = http.post(
+            "/v1/audio/vad",
+            content=multipart(),
+            headers={"content-type": "multipart/form-data; boundary=b"},
+        )
         assert_error(r, 413, "invalid_request_error", "max_request_body_bytes")
         assert http.get("/health").json()["management"] is False
         assert http.get("/v1/audio/voices").status_code == 200
@@ -167,14 +288,21 @@ def test_restricted_server_limits(restricted_server: LiveServer, hello_wav: byte
 def test_memory_budget_evicts_the_idle_model(restricted_server: LiveServer) -> None:
     """memory_budget_mb=100 with piper (80 MB) and silero_vad (30 MB): one at a time."""
     with restricted_server.client() as http:
+
         def loaded() -> dict[str, bool]:
             return {r["id"]: r["loaded"] for r in http.get("/v1/models").json()["data"]}
 
-        assert http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code == 200
+        assert (
+            http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code
+            == 200
+        )
         assert loaded() == {"piper": True, "silero_vad": False}
         silence = {"model": "silero_vad", "request": {"audio_base64": b64(silence_wav(0.05))}}
         r = http.post("/v1/tasks/run", json=silence)
         assert r.status_code == 200 and r.json()["segments"] == []
         assert loaded() == {"piper": False, "silero_vad": True}
-        assert http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code == 200
+        assert (
+            http.post("/v1/audio/speech", json={"model": "piper", "input": "Hi."}).status_code
+            == 200
+        )
         assert loaded() == {"piper": True, "silero_vad": False}
