@@ -140,6 +140,16 @@ class FakeProvider:
         self.clone_attempts: dict[str, int] = {}
         self.premature: list[str] = []
         self.events: list[tuple[float, str, str]] = []
+        self.hooks: dict[tuple[str, str], list[Callable[[], None]]] = {}
+
+    def on_next(self, model: str, event: str, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once, the next time ``model`` reaches ``event`` (``load_end``: its weights
+        finished loading or failed, before the runtime learns which), in that same step."""
+        self.hooks.setdefault((model, event), []).append(hook)
+
+    def _fire(self, model: str, event: str) -> None:
+        for hook in self.hooks.pop((model, event), []):
+            hook()
 
     async def _sleep(self, seconds: float) -> None:
         await self.clock.sleep_until(self.clock.now() + seconds)
@@ -155,6 +165,7 @@ class FakeProvider:
         self.loads[spec.id] = self.loads.get(spec.id, 0) + 1
         self._log(spec.id, "load_start")
         await self._sleep(script.load_time)
+        self._fire(spec.id, "load_end")
         if script.fail_loads > 0:
             script.fail_loads -= 1
             self._log(spec.id, "load_failed")

@@ -2,10 +2,13 @@
 
 Hypothesis draws small scenarios (the parallel or the original runtime; one
 or two fake models with slots, durations, slow teardowns and load, null-primary
-and clone faults; a timeline of requests, streams, batches, loads, unloads,
-reconfigurations, registrations of new or existing ids, faults changed on the
-fly, shutdowns, status probes, bulk unloads and disconnects; server busy
-timeouts and ``max_loaded_models``), runs each with
+and clone faults, memory estimates, lazy or eager; a timeline of requests,
+streams, batches, loads, unloads, reconfigurations and registrations of new
+or existing ids with any spec field (pool fields and operational ones; a new
+id with its own load time and faults), faults changed on the fly, shutdowns,
+status probes, bulk unloads and disconnects; every runtime knob: busy
+timeouts including 0, ``max_loaded_models``, a memory budget, ``max_queue``,
+``idle_unload_ms``; and the scheduling mode, chosen by the drawn seed), runs each with
 :func:`sim.runner.run_scenario` under the decision monitors of
 :mod:`sim.monitors`, and fails a scenario on any invariant violation, stall,
 crash or broken generic expectation (see :func:`generic_failures`).
@@ -55,6 +58,22 @@ ADMITTED = WORK | {"load", "unload", "reconfigure", "register"}  # refused busy 
 MAY_NAME_NEW = frozenset({"request", "unload", "register", "status"})  # kinds sim.scenario lets name an unknown id
 FAULTS = ({"fail_loads": 1}, {"null_primary": 1}, {"fail_clone_at": 1}, {"fail_clone_at": 0}, {"close_time": 1.0})
 RUNTIMES = ("parallel", "parallel", "parallel", "original")
+MEMORY = (0, 0, 100, 200)
+CONFIG_CHOICES = (  # every knob the runtime reads (0 / None: off)
+    ("max_loaded_models", (0, 1, 2)),
+    ("memory_budget", (0, 0, 300)),
+    ("max_queue", (None, None, 1, 2)),
+    ("idle_unload_ms", (0, 0, 1000, 2000)),
+)
+SPEC_CHOICES = (
+    ("slots", (1, 2, 3)),
+    ("path", ("rev1", "rev2")),
+    ("capacity", (1, 4)),
+    ("lazy", (True, False)),
+    ("busy_timeout_ms", (0, 500, 60_000)),
+    ("memory_bytes", MEMORY),
+)
+NEW_FAULTS: tuple[dict[str, int], ...] = ({}, {}, {"fail_loads": 1}, {"null_primary": 1}, {"fail_clone_at": 1})
 MAX_ACTIONS = 12
 MAX_WRITTEN = 10  # actions in a written finding, status probes included
 PROBE_DELAY = 0.001  # virtual seconds after a violation that a status probe looks
@@ -68,7 +87,7 @@ def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     script: dict[str, Any] = {}
     load_time = draw(st.sampled_from((0.5, 2.0)))
     close_time = draw(st.sampled_from((0.01, 1.0)))
-    fault = draw(st.sampled_from((None, None, None, "fail_loads", "null_primary", "fail_clone_at")))
+    fault = draw(st.sampled_from((None, None, None, "fail_loads", "fail_loads", "null_primary", "fail_clone_at")))
     if load_time != 0.5:
         script["load_time"] = load_time
     if close_time != 0.01:
@@ -79,16 +98,30 @@ def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     return ModelDef(
         id=mid,
         slots=1 if original else draw(st.integers(1, 3)),  # the original runtime has one session a model
-        busy_timeout_ms=draw(st.sampled_from((None, 1000, 500))),
+        busy_timeout_ms=draw(st.sampled_from((None, 1000, 500, 0))),
+        memory_bytes=draw(st.sampled_from(MEMORY)),
         lazy=lazy,
         script=script,
     )
 
 
 @st.composite
-def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, Any], int]:
+def _spec_fields(draw: st.DrawFn, new_id: bool) -> dict[str, Any]:
+    """What a register or reconfigure may set: pool fields (slots, path, capacity) and
+    operational ones (lazy, busy_timeout_ms, memory_bytes); a new id's timings and faults."""
+    params: dict[str, Any] = {}
+    for key, values in SPEC_CHOICES:
+        if draw(st.booleans()):
+            params[key] = draw(st.sampled_from(values))
+    if new_id and draw(st.booleans()):
+        params["script"] = {"load_time": draw(st.sampled_from((0.5, 2.0))), **draw(st.sampled_from(NEW_FAULTS))}
+    return params
+
+
+@st.composite
+def _action(draw: st.DrawFn, n_models: int, kinds: Sequence[str]) -> tuple[float, str, str, dict[str, Any], int]:
     at = draw(st.sampled_from(TIMES))
-    do = draw(st.sampled_from(KINDS))
+    do = draw(st.sampled_from(kinds))
     known = MODEL_IDS[:n_models]
     named = (*known, NEW_ID) if do in MAY_NAME_NEW else known
     model = named[draw(st.integers(0, len(named) - 1))]
@@ -107,15 +140,8 @@ def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, 
             params["count"] = draw(st.integers(1, 3))
         if do == "request" and draw(st.sampled_from((False, False, False, True))):
             params["fail"] = True
-    elif do == "reconfigure":
-        params["slots"] = draw(st.integers(1, 3))
-        params["path"] = draw(st.sampled_from(("rev2", "rev1")))
-    elif do == "register":  # a new id, or a re-registration (explicit slots are refused on the original runtime)
-        slots = draw(st.sampled_from((None, 1, 2, 3)))
-        if slots is not None:
-            params["slots"] = slots
-        if draw(st.booleans()):
-            params["path"] = draw(st.sampled_from(("rev2", "rev1")))
+    elif do in ("reconfigure", "register"):  # explicit slots are refused on the original runtime
+        params.update(draw(_spec_fields(model == NEW_ID)))
     elif do == "fault":
         params["set"] = dict(draw(st.sampled_from(FAULTS)))
     elif do == "status":
@@ -128,8 +154,12 @@ def _action(draw: st.DrawFn, n_models: int) -> tuple[float, str, str, dict[str, 
         if ids is not None:
             params["ids"] = ids
     elif do == "disconnect":
-        model = ""
         target = draw(st.integers(0, MAX_ACTIONS - 1))
+        if draw(st.booleans()):  # armed from the start: every client of the model leaves
+            params["on"] = "load_end"  # in the step its load ends (clients giving up on a slow load)
+            at = 0.0
+        else:
+            model = ""
     return at, do, model, params, target
 
 
@@ -145,15 +175,16 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     busy = draw(st.sampled_from((0, 1000, 3000)))
     if busy:
         config["busy_timeout_ms"] = busy
-    limit = draw(st.sampled_from((0, 1, 2)))
-    if limit:
-        config["max_loaded_models"] = limit
-    drawn = draw(st.lists(_action(n_models), min_size=1, max_size=MAX_ACTIONS))
+    for key, values in CONFIG_CHOICES:
+        value = draw(st.sampled_from(values))
+        if value:
+            config[key] = value
+    drawn = draw(st.lists(_action(n_models, KINDS), min_size=1, max_size=MAX_ACTIONS))
     drawn.sort(key=lambda a: a[0])
     ids = [f"{do}{i}" for i, (_, do, _, _, _) in enumerate(drawn)]
     actions = []
     for i, (at, do, model, params, target) in enumerate(drawn):
-        if do == "disconnect":
+        if do == "disconnect" and "on" not in params:
             others = [x for j, x in enumerate(ids) if j != i]
             if not others:
                 continue
@@ -186,6 +217,8 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
     shutdown = min((result.outcomes[a.id].started for a in s.actions if a.do == "shutdown"), default=math.inf)
     shutdown = math.inf if math.isnan(shutdown) else shutdown
     doomed = {a.params.get("target") for a in s.actions if a.do == "disconnect"}
+    leaving = {a.model for a in s.actions if a.do == "disconnect" and "on" in a.params}
+    doomed |= {a.id for a in s.actions if a.model in leaving}
     for a in s.actions:
         o = result.outcomes[a.id]
         if o.outcome == "pending" or a.id in doomed:

@@ -15,6 +15,7 @@ end raises :class:`Livelock` (invariant 10) instead of spinning forever.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from core.bulk import BulkUnload
 from core.events import TraceRecord
 from core.lifecycle import ModelState
 from core.policy import RuntimeKind
+from core.residency import Eviction
 from server.runtime import Runtime
 from server.runtime.ports import ModelSpec
 
@@ -34,6 +36,13 @@ MAX_DECISIONS = 5_000
 
 MAX_REPEATS = 200
 """The same decision at the same virtual instant this many times in a row is a livelock too."""
+
+
+IDLE_SLACK = 1e-9
+"""Float slack when comparing an idle retirement's age with ``idle_unload_ms``."""
+
+APPLYING: contextvars.ContextVar[ModelSpec | None] = contextvars.ContextVar("applying", default=None)
+"""The spec the current task's reconfiguration applies (set by the monitored ``reconfigure``)."""
 
 
 class Livelock(RuntimeError):
@@ -52,6 +61,8 @@ class Monitor:
         self.bulks: list[tuple[BulkUnload, list[str]]] = []
         self.sessions_busy: set[int] = set()
         self.loading: dict[str, int] = {}
+        self.request_tickets: set[int] = set()
+        self.last_use_end: dict[str, float] = {}
 
     def flag(self, text: str) -> None:
         if self.rt is not None:
@@ -92,6 +103,13 @@ class Monitor:
                     f"invariant 3 ({r.model}): ticket {newest} holds a lease while older "
                     f"ticket {min(waiting)} still waits"
                 )
+        if r.event == "request":
+            self.request_tickets.add(int(r.args["ticket"]))
+        elif r.event == "release" and int(r.args["ticket"]) in self.request_tickets:
+            self.request_tickets.discard(int(r.args["ticket"]))
+            self.last_use_end[r.model] = r.t
+        elif r.event == "commit_reconfigure":
+            self._check_reconfigure(r.model)
         if r.reason in ("residency_limit", "memory_budget") and r.event in ("ensure_loaded", "begin_load"):
             self._check_refusal(r)
         if r.event == "begin_unload" and adm.exclusive_ticket is not None:
@@ -111,6 +129,51 @@ class Monitor:
                 f"invariant 5 ({r.model}): load refused ({r.reason}) although only "
                 f"{[e.id for e in others]} are logically resident"
             )
+
+    def _check_reconfigure(self, model: str) -> None:
+        """Reference §4.5: only path, family, task, mode, slots, config, weights and options
+        make a reconfiguration; a spec that changes nothing else updates in place."""
+        assert self.rt is not None
+        new, old = APPLYING.get(), self.rt.specs.get(model)
+        if new is None or old is None:
+            return
+        same = (old.family, old.path, old.task, old.mode, old.slots, old.backend, old.device)
+        if same == (new.family, new.path, new.task, new.mode, new.slots, new.backend, new.device) and (
+            dict(old.load_options),
+            dict(old.session_options),
+        ) == (dict(new.load_options), dict(new.session_options)):
+            self.flag(
+                f"reference §4.5 ({model}): reconfigured (new generation, reload) although only "
+                "operational fields (lazy, busy_timeout_ms, memory_bytes) changed"
+            )
+
+    def check_retirements(self, now: float, idle_seconds: float, victims: Sequence[Eviction]) -> None:
+        """Reference §4.8: a model is idle from the end of its last request, stream or batch."""
+        for v in victims:
+            ended = self.last_use_end.get(v.model)
+            if ended is not None and now - ended < idle_seconds - IDLE_SLACK:
+                self.flag(
+                    f"invariant 5 ({v.model}): retired as idle at t={now} although its last use "
+                    f"ended at t={ended}, less than {idle_seconds}s before"
+                )
+
+    def wrap_retire(self, retire: Callable[[float, float], tuple[Eviction, ...]]) -> Callable[[float, float], tuple[Eviction, ...]]:
+        def wrapped(now: float, idle_seconds: float) -> tuple[Eviction, ...]:
+            victims = retire(now, idle_seconds)
+            self.check_retirements(now, idle_seconds, victims)
+            return victims
+
+        return wrapped
+
+    def wrap_reconfigure(self, reconfigure: Callable[[ModelSpec], Any]) -> Callable[[ModelSpec], Any]:
+        async def wrapped(spec: ModelSpec) -> Any:
+            token = APPLYING.set(spec)
+            try:
+                return await reconfigure(spec)
+            finally:
+                APPLYING.reset(token)
+
+        return wrapped
 
     def _check_bulk_order(self, model: str, ticket: int) -> None:
         for bulk, started in self.bulks:
@@ -203,6 +266,8 @@ def monitored(factory: Callable[..., Runtime] = Runtime, *, checks: bool = True)
         monitor.rt = rt
         if checks:
             rt.core.bulk_publish = monitor.wrap_bulk(rt.core.bulk_publish)  # type: ignore[method-assign]
+            rt.core.retire_idle = monitor.wrap_retire(rt.core.retire_idle)  # type: ignore[method-assign,assignment]
+            rt.reconfigure = monitor.wrap_reconfigure(rt.reconfigure)  # type: ignore[method-assign,assignment]
         return rt
 
     return build

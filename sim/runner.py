@@ -226,6 +226,30 @@ async def _main(
             )
         )
 
+    targets = {a.id: a.model for a in scenario.actions}
+
+    def arm_leave(target: str, event: str) -> None:
+        """The target leaves at the first ``event`` of its model once it has started."""
+
+        def fire() -> None:
+            if target in scopes:
+                scopes[target].cancel()
+            elif outcomes[target].outcome == "pending":  # not started yet: wait for the next one
+                arm_leave(target, event)
+
+        provider.on_next(targets[target], event, fire)
+
+    def leave_all(model: str) -> None:
+        for action_id, scope in scopes.items():
+            if targets[action_id] == model and outcomes[action_id].outcome == "pending":
+                scope.cancel()
+
+    def leave(target: str) -> None:
+        if target in scopes:
+            scopes[target].cancel()
+        else:
+            doomed.add(target)
+
     async def execute(a: Action) -> Any:
         p = a.params
         timeout = p.get("timeout_ms")
@@ -263,11 +287,12 @@ async def _main(
             result = await rt.bulk_unload(p.get("ids"))
             return {"unloaded": list(result.unloaded), "not_found": list(result.not_found)}
         if a.do == "disconnect":
-            target = str(p["target"])
-            if target in scopes:
-                scopes[target].cancel()
+            if "target" not in p:  # every client of the model leaves when the event comes
+                provider.on_next(a.model, str(p["on"]), lambda: leave_all(a.model))
+            elif "on" in p:  # later, in the very step the target's model reaches that event
+                arm_leave(str(p["target"]), str(p["on"]))
             else:
-                doomed.add(target)
+                leave(str(p["target"]))
             return None
         if a.do == "shutdown":
             return await rt.shutdown()

@@ -46,6 +46,12 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     capacity = 4                # reconfigure/register: advertised capacity
     ids = ["a", "b"]            # bulk_unload selection (omit: all)
     target = "r1"               # disconnect: the action whose client leaves
+    on = "load_end"             # disconnect: not at once, but in the step where the
+                                # target's model next finishes loading its weights
+                                # (or fails to) after the target started, before
+                                # the runtime sees the outcome; with a model and no
+                                # target, every started, unfinished action on that
+                                # model leaves at its next load end
     set = { fail_loads = 1 }    # fault: FakeScript fields to change on model
                                 # status: reads the model's /v1/models row at
                                 # once (never waits); its result is that row
@@ -101,6 +107,7 @@ ACTIONS = frozenset(
     }
 )
 OUTCOMES = frozenset({"ok", "busy", "error", "not_found", "invalid", "cancelled"})
+DISCONNECT_EVENTS = frozenset({"load_end"})
 SCHEDULING = frozenset({"one_at_a_time", "together"})
 EXPECT_KEYS = frozenset(
     {
@@ -203,6 +210,13 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
         params = {k: v for k, v in a.items() if k not in {"at", "do", "id", "model"}}
         actions.append(Action(float(a.get("at", 0.0)), do, str(a.get("id", f"{do}{i}")), model, params))
     names = [a.id for a in actions]
+    for a in actions:
+        if a.do == "disconnect" and a.params.get("on", "load_end") not in DISCONNECT_EVENTS:
+            raise ScenarioError(f"action {a.id}: 'on' must be one of {sorted(DISCONNECT_EVENTS)}")
+        if a.do == "disconnect" and "target" not in a.params and not ("on" in a.params and a.model):
+            raise ScenarioError(f"action {a.id}: a disconnect needs a target, or a model and 'on'")
+        if a.do == "disconnect" and "target" in a.params and a.params["target"] not in {b.id for b in actions}:
+            raise ScenarioError(f"action {a.id}: unknown target {a.params['target']!r}")
     if len(names) != len(set(names)):
         raise ScenarioError("action ids must be unique")
     expect = []

@@ -156,7 +156,7 @@ class Management:
             raise InvalidRequestError(check.reason, check.message)
         async with self.manage(spec.id) as lease:
             old = self.specs[spec.id]
-            if spec.pool_key() == old.pool_key():
+            if self.only_operational(old, spec):
                 self.update_in_place(old, spec)
                 await self.load_as_manager(spec.id, lease)
                 return False
@@ -178,6 +178,12 @@ class Management:
                 self.core.unload_finished(spec.id, self.clock.now())
             await self.load_as_manager(spec.id, lease)
             return True
+
+    @staticmethod
+    def only_operational(old: ModelSpec, new: ModelSpec) -> bool:
+        """``new`` changes nothing a reconfiguration is for (reference §4.5: path, family,
+        task, mode, slots, config, weights, options): at most operational fields."""
+        return new.pool_key() == old.pool_key()
 
     def update_in_place(self, old: ModelSpec, new: ModelSpec) -> None:
         """Under the exclusive lease: take ``new``'s operational fields (lazy, busy timeout,

@@ -3,8 +3,9 @@
 Each mutant is a context manager that monkeypatches one method (or property) of
 core or ``server.runtime`` for the duration of the block and restores it after.
 Each reintroduces exactly one bug from the reference
-(/work/shared/reference/audiocpp_parallel_runtime.md): §3.9 (the v1 scheduler),
-§8.1-8.4 and §6.5. The tests in this folder prove that the simulator (its
+(docs/reference-cases.md maps its sections): §3.9 (the v1 scheduler),
+§8.1-8.4 and §6.5, plus the three race reports of issue #10 (idle clock,
+abandoned initializer, re-registration reload). The tests in this folder prove that the simulator (its
 scenario files and its fuzzer) catches every one of them, and that the real
 code passes the same checks.
 
@@ -27,9 +28,19 @@ from core.batching import BatchScheduler, Ignored, Outcome, Released, SlotState,
 from core.bulk import BulkDone, BulkUnload, UnloadNow, WaitForGrant
 from core.events import Reason
 from core.lease import Lease, LeaseKind
-from core.lifecycle import RESIDENT_STATES, Lifecycle, ModelState, Proceed, WaitLoad
+from core.lifecycle import (
+    RESIDENT_STATES,
+    Abandoned,
+    Left,
+    Lifecycle,
+    ModelState,
+    Proceed,
+    WaitLoad,
+)
 from core.policy import overrun
+from core.recorder import Core, describe_wakeups
 from core.residency import RoomDecision
+from server.runtime.management import Management
 from server.runtime.ports import ModelSpec
 from server.runtime.runtime import Runtime
 
@@ -201,6 +212,28 @@ def _batch_early_free() -> Iterator[None]:
         yield
 
 
+# ------------------------------------------------------------- race reports (issue #10)
+def _release_without_use(self: Core, model: str, ticket: int, now: float) -> Any:
+    """Report 1: a released request lease does not count as use; the idle clock and LRU
+    order keep the *start* of the last use (``Core.release`` without its touch)."""
+    r = self.entry(model).admission.release(ticket, now)
+    self._record(now, model, "release", {"ticket": ticket}, ("double " if r.double else "") + describe_wakeups(r.wakeups))
+    return r
+
+
+def _abandon_wait_strands(self: Lifecycle, ticket: int) -> Abandoned:
+    """Report 2: a departing waiter that a failed load already named initializer hands nothing on."""
+    if ticket in self.load_waiters:
+        self.load_waiters.remove(ticket)
+        return Abandoned(Left.WAITER)
+    return Abandoned(Left.NOTHING)
+
+
+def _any_difference_reconfigures(old: ModelSpec, new: ModelSpec) -> bool:
+    """Report 3: any field, operational ones included, counts as a change (spec equality)."""
+    return old == new
+
+
 def _one(owner: Any, name: str, value: Any) -> Mutant:
     return lambda: _patched(owner, name, value)
 
@@ -271,6 +304,30 @@ MUTANTS: dict[str, MutantInfo] = {
             "BulkUnload.next_action walks the selection in order, waiting on each barrier",
             _one(BulkUnload, "next_action", _bulk_selection_order),
             "tests/mutants/scenarios/bulk_frees_idle_first.toml",
+        ),
+        MutantInfo(
+            "idle_clock_from_use_start",
+            "idle retirement counts from the start of the last use: a model is retired right after a long run",
+            "reference §4.8; race report 1 (issue #10)",
+            "Core.release does not touch the entry when a request lease ends",
+            _one(Core, "release", _release_without_use),
+            "scenarios/idle_retirement_counts_from_last_use_end.toml",
+        ),
+        MutantInfo(
+            "abandoned_initializer_strands",
+            "a waiter that leaves as the first load fails keeps the initializer role: the model stays loading",
+            "reference §4.3; race report 2 (issue #10)",
+            "Lifecycle.abandon_wait does not pass the initializer role on",
+            _one(Lifecycle, "abandon_wait", _abandon_wait_strands),
+            "scenarios/disconnect_at_first_load_failure.toml",
+        ),
+        MutantInfo(
+            "reregister_reloads",
+            "re-registering with only operational fields changed reconfigures and reloads the model",
+            "reference §4.5; race report 3 (issue #10)",
+            "Management.only_operational compares whole specs",
+            _one(Management, "only_operational", staticmethod(_any_difference_reconfigures)),
+            "scenarios/reregister_unchanged_model_keeps_pool.toml",
         ),
     )
 }

@@ -18,6 +18,8 @@ from core.admission import Admission
 from core.batching import BatchScheduler
 from core.bulk import BulkUnload
 from core.lifecycle import Lifecycle
+from core.recorder import Core
+from server.runtime.management import Management
 from server.runtime.runtime import Runtime
 from sim.fuzz import check, search, write
 from sim.runner import check_expectations, run_scenario
@@ -28,15 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 FUZZ_BUDGET = 60.0
 
 
-def test_catalogue_has_eight_mutants_with_scenarios() -> None:
-    assert len(MUTANTS) >= 8
+def test_catalogue_has_eleven_mutants_with_scenarios() -> None:
+    assert len(MUTANTS) >= 11
     for name in SIMULATED:
         assert (ROOT / MUTANTS[name].scenario).is_file(), name
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_patches_are_undone(name: str) -> None:
-    owners = (Admission, Runtime, Lifecycle, BulkUnload, BatchScheduler)
+    owners = (Admission, Runtime, Lifecycle, BulkUnload, BatchScheduler, Core, Management)
     before = {(o, k): v for o in owners for k, v in vars(o).items()}
     with MUTANTS[name].patch():
         during = {(o, k): v for o in owners for k, v in vars(o).items()}
@@ -62,9 +64,9 @@ def test_deadlocked_shutdown_is_reported_not_hung() -> None:
         {
             "models": [{"id": "a", "lazy": False}, {"id": "b", "lazy": False}],
             "actions": [
-                {"at": 0.0, "do": "request", "id": "busy_a", "model": "a", "duration": 5.0},
-                {"at": 1.0, "do": "bulk_unload", "id": "bulk"},
-                {"at": 2.0, "do": "disconnect", "id": "leave", "target": "bulk"},
+                {"at": 2.0, "do": "request", "id": "busy_a", "model": "a", "duration": 5.0},
+                {"at": 3.0, "do": "bulk_unload", "id": "bulk"},
+                {"at": 4.0, "do": "disconnect", "id": "leave", "target": "bulk"},
             ],
         }
     )

@@ -117,6 +117,15 @@ class GatedProvider:
         return self.models.get(id(session), "?")
 
     async def load(self, spec: ModelSpec) -> Any:
+        """Weights load after ``hold-load-<model>`` is gone; ``fail-load-<model>`` (consumed)
+        makes this one load fail instead, as a broken model file would."""
+        self.log("load_arrive", spec.id)
+        while (self.gate_dir / f"hold-load-{spec.id}").exists():
+            await anyio.sleep(POLL_S)
+        with contextlib.suppress(FileNotFoundError):
+            (self.gate_dir / f"fail-load-{spec.id}").unlink()
+            self.log("load_failed", spec.id)
+            raise RuntimeError(f"injected load failure for '{spec.id}'")
         factory = await self.inner.load(spec)
         self.log("load", spec.id)
         return GatedFactory(factory, spec.id)
@@ -274,7 +283,7 @@ class GatedServer(LiveServer):
         return self
 
     def stop(self, timeout: float = 60.0) -> int:
-        for gate in self.gate_dir.glob("gate-*"):
+        for gate in (*self.gate_dir.glob("gate-*"), *self.gate_dir.glob("hold-load-*")):
             gate.unlink()
         return super().stop(timeout)
 

@@ -75,3 +75,15 @@ def test_original_runtime_hands_the_lock_to_a_seeded_choice() -> None:
         done = sorted(("a", "b", "unload"), key=lambda i: result.outcomes[i].ended)
         orders.add(tuple(done))
     assert len(orders) > 1, "the lock hand-off must not be FIFO on the original runtime"
+
+
+def test_both_scheduling_modes_are_deterministic_across_processes() -> None:
+    """The together mode interleaves tasks of one instant, still as a function of the seed."""
+    from sim.clock import Scheduling
+
+    modes = {Scheduling.for_seed(seed) for seed in range(16)}
+    assert modes == {Scheduling.ONE_AT_A_TIME, Scheduling.TOGETHER}, "the seed chooses either mode"
+    together = ROOT / "scenarios" / "disconnect_at_first_load_failure.toml"
+    for path, seed in ((CONTENDED, 11), (together, 3)):
+        local = _digest(run_scenario(load(path), seed).trace_text())
+        assert _child_digest(path, seed, "7") == local, path.name
