@@ -25,11 +25,14 @@ from core.lifecycle import (
     WaitLoad,
 )
 from core.policy import Invalid, validate_slots
+from core.recorder import Core
 from core.registry import Existing, ModelEntry, Registered, Registry
 from core.residency import ResidencyLimits, RoomDecision, retire_idle
 
 
-def add(reg: Registry, model_id: str, slots: int = 1, now: float = 0.0, memory: int = 0) -> ModelEntry:
+def add(
+    reg: Registry, model_id: str, slots: int = 1, now: float = 0.0, memory: int = 0
+) -> ModelEntry:
     """Register ``model_id`` (lazy) and release the registration lease at once."""
     r = reg.register(model_id, slots=slots, now=now, memory_bytes=memory)
     assert isinstance(r, Registered)
@@ -227,7 +230,9 @@ def test_unload_cannot_skip_a_load_in_progress() -> None:
     m.admission.request(t, 0.0, 0)
     reg.ensure_loaded(m, t, 0.0)
     unload = reg.new_ticket()
-    assert isinstance(m.admission.manage(unload, 0.0, 0), Queued), "the loading request holds a slot"
+    assert isinstance(m.admission.manage(unload, 0.0, 0), Queued), (
+        "the loading request holds a slot"
+    )
     m.lifecycle.load_succeeded(t)
     wake = m.admission.release(t, 1.0).wakeups
     assert [lease.ticket for lease in wake.granted] == [unload]
@@ -322,7 +327,12 @@ def test_retiring_resident_does_not_count(limit: int) -> None:
 
 def test_eviction_takes_idle_lru_victim_and_refuses_when_all_busy() -> None:
     reg = Registry(ResidencyLimits(max_loaded_models=2))
-    old, recent, cold, other = add(reg, "old"), add(reg, "recent"), add(reg, "cold"), add(reg, "other")
+    old, recent, cold, other = (
+        add(reg, "old"),
+        add(reg, "recent"),
+        add(reg, "cold"),
+        add(reg, "other"),
+    )
     warm(reg, old, 1.0)
     warm(reg, recent, 2.0)
     t = reg.new_ticket()
@@ -420,3 +430,46 @@ def test_original_runtime_bulk_unload_skips_unpublished_first_load() -> None:
     assert bulk.selected == ("idle",), "the unpublished first load is skipped, not waited for"
     assert slow.admission.state().queued_management == 0
     assert bulk.next_action() == UnloadNow("idle", bulk.tickets["idle"])
+
+
+def _core_with(models: tuple[str, ...], limits: ResidencyLimits) -> Core:
+    core = Core(limits)
+    for model in models:
+        registered = core.register(model, 1, 0, 0.0)
+        assert isinstance(registered, Registered)
+        core.release(model, registered.lease.ticket, 0.0)
+    return core
+
+
+def _start(core: Core, model: str, now: float) -> int:
+    """A request lease on ``model`` at ``now`` (loading the model if it must)."""
+    ticket = core.new_ticket(now)
+    assert isinstance(core.request(model, ticket, now, 0.0), Granted)
+    d = core.ensure_loaded(model, ticket, now)
+    if isinstance(d, RoomDecision):
+        assert d.load is not None and not d.evictions
+        core.load_succeeded(model, ticket, 1, now)
+    return ticket
+
+
+def test_lru_eviction_counts_from_the_end_of_the_last_use() -> None:
+    """Race report 1: 'long' started first (t=1) but ran until t=10; 'short' ran 2-3.
+    The least recently used model is the one whose last use *ended* first: 'short'."""
+    core = _core_with(("long", "short", "cold"), ResidencyLimits(max_loaded_models=2))
+    t_long = _start(core, "long", 1.0)
+    core.release("short", _start(core, "short", 2.0), 3.0)
+    core.release("long", t_long, 10.0)
+    assert (core.entry("long").last_used, core.entry("short").last_used) == (10.0, 3.0)
+    ticket = core.new_ticket(11.0)
+    core.request("cold", ticket, 11.0, 0.0)
+    d = core.ensure_loaded("cold", ticket, 11.0)
+    assert isinstance(d, RoomDecision) and [e.model for e in d.evictions] == ["short"]
+
+
+def test_idle_retirement_counts_from_the_end_of_the_last_use() -> None:
+    """Race report 1: with a 2 s TTL, a model whose 9 s run ended at t=10 is not idle at
+    t=11.5 (it would be by its start time), and is at t=12."""
+    core = _core_with(("long",), ResidencyLimits())
+    core.release("long", _start(core, "long", 1.0), 10.0)
+    assert core.retire_idle(11.5, 2.0) == ()
+    assert [v.model for v in core.retire_idle(12.0, 2.0)] == ["long"]

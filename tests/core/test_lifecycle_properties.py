@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from core.admission import Granted, Queued, Wakeups
 from core.invariants import check_quiescent, check_registry
 from core.lease import Lease
-from core.lifecycle import Proceed, Teardown, WaitLoad
+from core.lifecycle import Abandoned, Left, ModelState, Proceed, Teardown, WaitLoad
 from core.registry import Registered, Registry
 from core.residency import ResidencyLimits, RoomDecision, retire_idle
 
@@ -138,11 +138,20 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.jobs.append(Job("teardown", ev.model, ev.lease.ticket, then="release"))
 
     @precondition(lambda self: bool(self.jobs))
-    @rule(data=st.data(), ok=st.booleans())
-    def complete(self, data: st.DataObject, ok: bool) -> None:
-        self._complete(data.draw(st.integers(0, len(self.jobs) - 1)), ok)
+    @rule(data=st.data(), ok=st.booleans(), leaves=st.booleans())
+    def complete(self, data: st.DataObject, ok: bool, leaves: bool) -> None:
+        self._complete(data.draw(st.integers(0, len(self.jobs) - 1)), ok, leaves)
 
-    def _complete(self, index: int, ok: bool) -> None:
+    @precondition(lambda self: bool(self.load_waiters))
+    @rule(data=st.data())
+    def waiter_leaves(self, data: st.DataObject) -> None:
+        """A holder waiting for another's load disconnects: it just stops waiting."""
+        t = data.draw(st.sampled_from(sorted(self.load_waiters)))
+        m = self.load_waiters.pop(t)
+        assert self.entry(m).lifecycle.abandon_wait(t) == Abandoned(Left.WAITER)
+        self.finish_holder(m, t)
+
+    def _complete(self, index: int, ok: bool, leaves: bool = False) -> None:
         job = self.jobs.pop(index)
         e = self.entry(job.model)
         if job.kind == "run":
@@ -168,9 +177,17 @@ class LifecycleMachine(RuleBasedStateMachine):
             else:
                 outcome = e.lifecycle.load_failed(job.ticket)
                 self.finish_holder(job.model, job.ticket)
-                if outcome.retry is not None:
-                    self.load_waiters.pop(outcome.retry.ticket)
-                    retry = outcome.retry
+                retry = outcome.retry
+                if retry is not None and leaves:  # race report 2: the named one is leaving
+                    self.load_waiters.pop(retry.ticket)
+                    left = e.lifecycle.abandon_wait(retry.ticket)
+                    assert left.left is Left.INITIALIZER
+                    self.finish_holder(job.model, retry.ticket)
+                    retry = left.retry
+                    if retry is None:
+                        assert e.lifecycle.state is ModelState.UNLOADED and not e.lifecycle.load_waiters
+                if retry is not None:
+                    self.load_waiters.pop(retry.ticket)
                     self.on_room(job.model, retry.ticket, self.reg.begin_load(e, retry, self.now))
 
     @invariant()

@@ -95,3 +95,23 @@ def test_early_refusals_reach_the_client_with_a_large_body(http: httpx.Client) -
     for _ in range(10):
         assert_error(http.post("/v1/models/load", json=body), 403, "permission_error")
         assert_error(http.post("/v1/not/a/route", json=body), 404, "not_found_error")
+
+
+def test_reregistering_with_only_operational_fields_keeps_the_pool(http: httpx.Client, hello_wav: bytes) -> None:
+    """Race report 3: lazy, busy_timeout_ms and memory_mb update in place; no reconfiguration."""
+    spec = {"id": "vad_same", "family": "silero_vad", "slots": 2}
+    r = http.post("/v1/models/load", json=spec, headers=AUTH)
+    assert r.status_code == 200 and r.json()["reconfigured"] is False, r.text
+    before = http.post("/v1/audio/vad", json={"model": "vad_same", "audio_base64": b64(hello_wav)})
+    assert before.status_code == 200
+    for extra in ({"lazy": True}, {"busy_timeout_ms": 5000}, {"memory_mb": 64}):
+        r = http.post("/v1/models/load", json={**spec, **extra}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"id": "vad_same", "loaded": True, "reconfigured": False}, extra
+        row = rows(http)["vad_same"]
+        assert row["loaded"] is True and row["state"] == "ready" and row["slots"] == 2
+    r = http.post("/v1/models/load", json={**spec, "slots": 1}, headers=AUTH)  # a real change still reconfigures
+    assert r.status_code == 200 and r.json()["reconfigured"] is True, r.text
+    after = http.post("/v1/audio/vad", json={"model": "vad_same", "audio_base64": b64(hello_wav)})
+    assert after.json()["segments"] == before.json()["segments"]
+    http.post("/v1/models/unload", json={"id": "vad_same"}, headers=AUTH).raise_for_status()
