@@ -268,8 +268,9 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     started: list[Any] = []
 
-    async def serve(config: Any, trace: Any) -> None:
+    async def serve(config: Any, trace: Any) -> int:
         started.append(config)
+        return 0  # the exit code, when serve returns one
 
     monkeypatch.setattr(server.cmd_serve, "serve", serve)
     # serve's BLAS thread limit would outlive the test (environment, threadpoolctl)
