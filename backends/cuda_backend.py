@@ -167,6 +167,10 @@ class CudaBackend:
     """ArrayBackend on one CUDA device via cupy. ``fork()`` gives a per-session stream."""
 
     name = "cuda"
+    xp: Any
+    _kernels: Any
+    _device_id: int
+    _cp: Any
 
     def __init__(
         self, device: str = "0", *, _parent: CudaBackend | None = None, _host: bool = False

@@ -252,7 +252,7 @@ class NumpyBackend:
         row_mask = mask is not None and mask.ndim >= 2 and mask.shape[-2] == rows
         parts = []
         for i in range(0, rows, block):
-            m = mask[..., i : i + block, :] if row_mask else mask
+            m = mask[..., i : i + block, :] if row_mask and mask is not None else mask
             parts.append(self._attention_rows(q[..., i : i + block, :], k, v, m, s))
         return np.concatenate(parts, axis=-2)
 
@@ -304,15 +304,15 @@ def _erf(x: np.ndarray) -> np.ndarray:
     accurate to a few ulp, ample for GELU parity with torch/ctranslate2.
     """
     if x.dtype != np.float32:
-        return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+        return np.asarray(np.vectorize(math.erf, otypes=[np.float64])(x)).astype(x.dtype)
     x = np.clip(x, np.float32(-4.0), np.float32(4.0))
     x2 = np.multiply(x, x)
-    p = np.multiply(x2, ERF_ALPHA[0])
+    p: np.ndarray = np.multiply(x2, ERF_ALPHA[0])
     for a in ERF_ALPHA[1:-1]:
         p += a
         p *= x2
     p += ERF_ALPHA[-1]
-    q = np.multiply(x2, ERF_BETA[0])
+    q: np.ndarray = np.multiply(x2, ERF_BETA[0])
     for b in ERF_BETA[1:-1]:
         q += b
         q *= x2
@@ -360,7 +360,7 @@ def _conv1d(
         y = np.matmul(w[:, :, 0], x)
         if b is not None:
             y += b[:, None]
-        return y
+        return np.asarray(y)
     c_out_g = c_out // groups
     rows = c_in_g * k
     tile = max(64, min(t_out, _COLS_BYTES // (x.itemsize * rows)))

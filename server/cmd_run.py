@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from backends.base import ArrayBackend
 from server.audio import AudioError, load_for_model, wav_bytes
 from server.provider import make_backend
 
@@ -34,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     return asr(args, backend, audio) if args.task == "asr" else vad(args, backend, audio)
 
 
-def tts(args: argparse.Namespace, backend: object) -> int:
+def tts(args: argparse.Namespace, backend: ArrayBackend) -> int:
     import numpy as np
 
     from backends.piper import PiperRequest, load_factory
@@ -60,7 +61,7 @@ def tts(args: argparse.Namespace, backend: object) -> int:
     return 0
 
 
-def asr(args: argparse.Namespace, backend: object, audio: object) -> int:
+def asr(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
     from backends.whisper import WhisperRequest, load_factory
 
     session = load_factory(backend).create()
@@ -72,7 +73,7 @@ def asr(args: argparse.Namespace, backend: object, audio: object) -> int:
     return 0
 
 
-def vad(args: argparse.Namespace, backend: object, audio: object) -> int:
+def vad(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
     from backends.silero_vad import VadRequest, load_factory
 
     session = load_factory(backend).create()
