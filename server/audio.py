@@ -11,41 +11,71 @@ import base64
 import binascii
 import math
 import struct
+from collections.abc import Callable
 from functools import lru_cache
 
+import attrs
 import numpy as np
 
 from backends.wav import pcm16_bytes, wav_bytes
 
 MAX_CHANNELS = 16
+MAX_CHUNKS = 1024
+"""RIFF chunks read before ``fmt `` and ``data`` are found; more is not a WAV anyone writes."""
+BLOCK = 16384
+"""Output samples per resampling block: the working set is about ``BLOCK * 32 * 8 * 4`` bytes."""
+_FORMATS = {(1, 8), (1, 16), (1, 24), (1, 32), (3, 32), (3, 64)}
 
 
 class AudioError(ValueError):
     """Input audio that cannot be decoded or used."""
 
 
-def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """Mono float32 samples in [-1, 1] and the sample rate of a RIFF/WAVE file."""
+@attrs.frozen
+class WavLayout:
+    """What a WAV header says: encoding, channels, rate, and where the whole frames are."""
+
+    tag: int
+    channels: int
+    rate: int
+    bits: int
+    start: int
+    frames: int
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+
+def wav_layout(data: bytes) -> WavLayout:
+    """Read a RIFF/WAVE header without decoding a sample (:class:`AudioError` if unusable)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise AudioError("audio is not a WAV file (RIFF/WAVE header missing)")
+    view = memoryview(data)
     pos = 12
     fmt: tuple[int, int, int, int] | None = None
-    payload: bytes | None = None
-    while pos + 8 <= len(data):
-        cid, size = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
-        body = data[pos + 8 : pos + 8 + size]
+    payload: tuple[int, int] | None = None
+    for _ in range(MAX_CHUNKS):
+        if pos + 8 > len(data):
+            break
+        cid, size = bytes(view[pos : pos + 4]), struct.unpack("<I", view[pos + 4 : pos + 8])[0]
         if cid == b"fmt ":
+            body = bytes(view[pos + 8 : pos + 8 + min(size, 64)])
             if len(body) < 16:
                 raise AudioError("WAV fmt chunk is too short")
             tag, channels, rate, _, _, bits = struct.unpack("<HHIIHH", body[:16])
-            if tag == 0xFFFE and len(body) >= 26:  # WAVE_FORMAT_EXTENSIBLE: subformat's first two bytes
+            if (
+                tag == 0xFFFE and len(body) >= 26
+            ):  # WAVE_FORMAT_EXTENSIBLE: subformat's first two bytes
                 tag = struct.unpack("<H", body[24:26])[0]
             fmt = (tag, channels, rate, bits)
         elif cid == b"data":
-            payload = data[pos + 8 : pos + 8 + min(size, len(data) - pos - 8)]
+            payload = (pos + 8, min(size, len(data) - pos - 8))
             if fmt is not None:
                 break
         pos += 8 + size + (size & 1)
+    else:
+        raise AudioError(f"WAV file has more than {MAX_CHUNKS} chunks before its audio")
     if fmt is None:
         raise AudioError("WAV file has no fmt chunk")
     if payload is None:
@@ -55,9 +85,18 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         raise AudioError(f"WAV channel count {channels} is not supported (1..{MAX_CHANNELS})")
     if not 1000 <= rate <= 384000:
         raise AudioError(f"WAV sample rate {rate} is out of range (1000..384000)")
-    width = bits // 8
-    usable = len(payload) - len(payload) % (width * channels) if width else 0
-    raw = payload[:usable]
+    if (tag, bits) not in _FORMATS:
+        raise AudioError(f"WAV encoding (format {tag}, {bits} bits) is not supported")
+    start, size = payload
+    return WavLayout(tag, channels, rate, bits, start, size // (bits // 8 * channels))
+
+
+def _frames(data: bytes, layout: WavLayout, lo: int, hi: int) -> np.ndarray:
+    """Frames ``[lo, hi)`` as mono float32 in [-1, 1] (channels averaged)."""
+    width = layout.bits // 8
+    frame = width * layout.channels
+    raw = memoryview(data)[layout.start + lo * frame : layout.start + hi * frame]
+    tag, bits = layout.tag, layout.bits
     if tag == 1 and bits == 16:
         samples = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
     elif tag == 1 and bits == 8:
@@ -70,14 +109,22 @@ def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
         samples = np.frombuffer(raw, "<i4").astype(np.float32) / 2147483648.0
     elif tag == 3 and bits == 32:
         samples = np.frombuffer(raw, "<f4").astype(np.float32)
-    elif tag == 3 and bits == 64:
-        samples = np.frombuffer(raw, "<f8").astype(np.float32)
     else:
-        raise AudioError(f"WAV encoding (format {tag}, {bits} bits) is not supported")
-    if not np.isfinite(samples).all():
+        samples = np.frombuffer(raw, "<f8").astype(np.float32)
+    if tag == 3 and not np.isfinite(samples).all():
         raise AudioError("WAV contains NaN or infinite samples")
-    mono = samples.reshape(-1, channels).mean(axis=1) if channels > 1 else samples
-    return np.ascontiguousarray(mono, dtype=np.float32), rate
+    return samples.reshape(-1, layout.channels).mean(axis=1) if layout.channels > 1 else samples
+
+
+def decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    """Mono float32 samples in [-1, 1] and the sample rate of a RIFF/WAVE file."""
+    layout = wav_layout(data)
+    out = np.empty(layout.frames, dtype=np.float32)
+    step = BLOCK * 4
+    for lo in range(0, layout.frames, step):
+        hi = min(layout.frames, lo + step)
+        out[lo:hi] = _frames(data, layout, lo, hi)
+    return out, layout.rate
 
 
 @lru_cache(maxsize=16)
@@ -92,45 +139,103 @@ def _filter(up: int, down: int, half: int, beta: float) -> np.ndarray:
     return h
 
 
-def resample(audio: np.ndarray, src: int, dst: int, half: int = 16, beta: float = 8.0) -> np.ndarray:
-    """Polyphase Kaiser-windowed sinc resampling from ``src`` to ``dst`` Hz (deterministic)."""
+def _resample_blocks(
+    source: Callable[[int, int], np.ndarray], n_in: int, src: int, dst: int, half: int, beta: float
+) -> np.ndarray:
+    """Polyphase resampling of ``n_in`` samples read block by block from ``source(lo, hi)``.
+
+    Each output block reads only the input samples its taps reach, so the working
+    set is bounded by :data:`BLOCK` whatever the length; the arithmetic is the
+    same as one pass over the whole signal, so the result is too.
+    """
     if src == dst:
-        return np.ascontiguousarray(audio, dtype=np.float32)
+        out = np.empty(n_in, dtype=np.float32)
+        for lo in range(0, n_in, BLOCK * 4):
+            out[lo : min(n_in, lo + BLOCK * 4)] = source(lo, min(n_in, lo + BLOCK * 4))
+        return out
     g = math.gcd(src, dst)
     up, down = dst // g, src // g
     h = _filter(up, down, half, beta)
     taps = np.arange(-half + 1, half + 1)
-    padded = np.pad(audio.astype(np.float64), (half, half + 1))
-    n_out = (len(audio) * up) // down
-    n = np.arange(n_out)
-    base = (n * down) // up
-    phase = (n * down) % up
-    out = np.empty(n_out)
-    for lo in range(0, n_out, 65536):
-        sl = slice(lo, min(n_out, lo + 65536))
-        idx = base[sl, None] + taps[None, :] + half
-        out[sl] = np.sum(padded[idx] * h[phase[sl]], axis=1)
-    return out.astype(np.float32)
+    n_out = (n_in * up) // down
+    out = np.empty(n_out, dtype=np.float32)
+    for lo in range(0, n_out, BLOCK):
+        n = np.arange(lo, min(n_out, lo + BLOCK), dtype=np.int64)
+        base = (n * down) // up
+        phase = (n * down) % up
+        s0, s1 = int(base[0]) - half + 1, int(base[-1]) + half + 1
+        segment = np.zeros(s1 - s0, dtype=np.float64)  # zero outside the signal, as padding
+        a0, a1 = max(s0, 0), min(s1, n_in)
+        if a1 > a0:
+            segment[a0 - s0 : a1 - s0] = source(a0, a1)
+        idx = (base - s0)[:, None] + taps[None, :]
+        out[lo : lo + n.size] = np.sum(segment[idx] * h[phase], axis=1)
+    return out
 
 
-def load_for_model(data: bytes, rate: int) -> np.ndarray:
-    """Decode a WAV and bring it to mono float32 at ``rate``."""
-    samples, src = decode_wav(data)
-    if samples.size == 0:
+def resample(
+    audio: np.ndarray, src: int, dst: int, half: int = 16, beta: float = 8.0
+) -> np.ndarray:
+    """Polyphase Kaiser-windowed sinc resampling from ``src`` to ``dst`` Hz (deterministic)."""
+    samples = np.asarray(audio, dtype=np.float32).reshape(-1)
+    return _resample_blocks(lambda lo, hi: samples[lo:hi], samples.size, src, dst, half, beta)
+
+
+def load_for_model(data: bytes, rate: int, max_seconds: float | None = None) -> np.ndarray:
+    """Decode a WAV and bring it to mono float32 at ``rate``, in bounded blocks.
+
+    ``max_seconds`` is checked from the header, before any sample is decoded:
+    longer audio is an :class:`AudioLimitError`. Memory: the output
+    (``4 * rate`` bytes a second) plus a fixed working set, whatever the input's
+    rate, width or channel count.
+    """
+    layout = wav_layout(data)
+    if layout.frames == 0:
         raise AudioError("audio is empty")
-    return resample(samples, src, rate)
+    if max_seconds is not None and layout.seconds > max_seconds:
+        raise AudioLimitError(layout.seconds, max_seconds)
+    return _resample_blocks(
+        lambda lo, hi: _frames(data, layout, lo, hi), layout.frames, layout.rate, rate, 16, 8.0
+    )
+
+
+class AudioLimitError(AudioError):
+    """Audio longer than the request may give (``max_audio_seconds``)."""
+
+    def __init__(self, seconds: float, max_seconds: float) -> None:
+        super().__init__(
+            f"the audio is {seconds:.1f} s long; at most {max_seconds:g} s of audio per request (max_audio_seconds)"
+        )
+        self.seconds = seconds
+        self.max_seconds = max_seconds
 
 
 pcm16 = pcm16_bytes
-__all__ = ["AudioError", "b64decode", "b64encode", "decode_wav", "load_for_model", "pcm16", "resample", "streaming_wav_header", "wav_bytes"]
+__all__ = [
+    "AudioError",
+    "AudioLimitError",
+    "WavLayout",
+    "b64decode",
+    "b64encode",
+    "decode_wav",
+    "load_for_model",
+    "pcm16",
+    "resample",
+    "streaming_wav_header",
+    "wav_bytes",
+    "wav_layout",
+]
 
 
 def streaming_wav_header(rate: int) -> bytes:
     """A WAV header for a stream of unknown length (sizes set to the maximum)."""
     return (
-        b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt "
+        b"RIFF"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + b"WAVEfmt "
         + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-        + b"data" + struct.pack("<I", 0xFFFFFFFF)
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
     )
 
 

@@ -31,6 +31,14 @@ BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"
 MODES = ("offline", "streaming")
 MAX_JSON_INT = 2**53 - 1
 IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb"}
+LIMIT_KEYS = ("max_audio_seconds", "max_speech_seconds", "speech_seconds_per_char", "max_sentence_seconds", "max_input_chars")
+"""Per-request limits (docs/server.md, "Limits")."""
+LOAD_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "piper": {"mode": MODES},
+    "whisper": {"model_dir": None},
+    "silero_vad": {"mode": MODES, "weights": ("safetensors", "onnx")},
+}
+"""The ``load_options`` each family accepts, and their allowed values (None: any path string)."""
 IGNORED_MODEL = {"config", "weight", "model_spec_override", "live_ingest", "voice_presets", "default_voice_preset"}
 
 
@@ -100,6 +108,11 @@ class ServerConfig:
     audio_roots: tuple[str, ...] = ()
     runtime: RuntimeKind = RuntimeKind.PARALLEL
     models: tuple[ModelConfig, ...] = ()
+    max_audio_seconds: float = 600.0
+    max_speech_seconds: float = 600.0
+    speech_seconds_per_char: float = 1.0
+    max_sentence_seconds: float = 30.0
+    max_input_chars: int = 20_000
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -131,6 +144,14 @@ def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0, wh
     return value
 
 
+def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
+    """A positive, finite number (a request limit)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_JSON_INT:
+        raise ConfigError(f"{key} must be a number > 0")
+    return float(value)
+
+
 def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
@@ -149,6 +170,21 @@ def _options(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where}{key} must be an object")
     return dict(value)
+
+
+def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, Any]:
+    """``load_options``, checked against what the family's loader accepts (:data:`LOAD_OPTIONS`)."""
+    options = _options(raw, "load_options", where)
+    known = LOAD_OPTIONS[family]
+    for key, value in options.items():
+        if key not in known:
+            raise ConfigError(f"{where}unknown load_options key {key[:40]!r} for family {family} (known: {', '.join(known) or 'none'})")
+        allowed = known[key]
+        if allowed is None and (not isinstance(value, str) or not value or "\0" in value):
+            raise ConfigError(f"{where}load_options.{key} must be a non-empty path string")
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"{where}load_options.{key} must be one of {', '.join(allowed)}")
+    return options
 
 
 def _stringify(value: Any) -> str:
@@ -181,10 +217,14 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
     if isinstance(checked, Invalid):
         raise ConfigError(f"{where}{checked.message}")
     path = raw.get("path", "")
-    if not isinstance(path, str):
-        raise ConfigError(f"{where}path must be a string")
+    if not isinstance(path, str) or "\0" in path:
+        raise ConfigError(f"{where}path must be a string (without NUL bytes)")
     if path and base_dir is not None and not os.path.isabs(path):
         path = str((base_dir / path).resolve())
+    load_options = _load_options(raw, family, where)
+    model_dir = load_options.get("model_dir", path if family == "whisper" else "")
+    if model_dir and not os.path.isdir(model_dir):
+        raise ConfigError(f"{where}model directory {model_dir!r} does not exist")
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _int(raw, "busy_timeout_ms", 0, where=where)
@@ -202,7 +242,7 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
         memory_mb=_int(raw, "memory_mb", 0, where=where),
         backend=_backend(raw.get("backend", server.get("backend", "numpy")), where),
         device=str(raw.get("device", server.get("device", 0))),
-        load_options=_options(raw, "load_options", where),
+        load_options=load_options,
         session_options=_options(raw, "session_options", where),
         default_request_options={k: _stringify(v) for k, v in dro.items()},
     )
@@ -216,6 +256,7 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         "host", "port", "cors_origins", "ui_management", "management_token", "backend", "device", "lazy_load",
         "max_request_body_bytes", "busy_timeout_ms", "max_loaded_models", "idle_unload_ms", "memory_budget_mb",
         "max_queue", "audio_roots", "models", "threads", "frontend_listener", "frontend_options", *IGNORED_TOP,
+        *LIMIT_KEYS,
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -271,6 +312,11 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         audio_roots=resolved_roots,
         runtime=runtime,
         models=models,
+        max_audio_seconds=_seconds(raw, "max_audio_seconds", 600.0),
+        max_speech_seconds=_seconds(raw, "max_speech_seconds", 600.0),
+        speech_seconds_per_char=_seconds(raw, "speech_seconds_per_char", 1.0),
+        max_sentence_seconds=_seconds(raw, "max_sentence_seconds", 30.0),
+        max_input_chars=_int(raw, "max_input_chars", 20_000, minimum=1),
     )
 
 

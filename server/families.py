@@ -2,64 +2,46 @@
 
 One adapter per family turns a validated JSON body (plus decoded audio) into
 the family's request object and its results into JSON. Validation errors are
-:class:`ApiError` 400s naming the field.
+:class:`ApiError` 400s naming the field; the fields' types and ranges are checked
+by the validators of :mod:`server.http.body`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from server.audio import b64encode, pcm16, wav_bytes
+from server.config import ServerConfig
+from server.http.body import integer, number
+from server.http.errors import ApiError, bad, show
 
-
-class ApiError(Exception):
-    """An HTTP error with an OpenAI-shaped JSON body."""
-
-    def __init__(self, status: int, message: str, error_type: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.error_type = error_type
-
-
-def bad(message: str) -> ApiError:
-    return ApiError(400, message)
-
-
-def number(body: Mapping[str, Any], key: str, *, minimum: float | None = None, positive: bool = False) -> float | None:
-    """An optional finite number field."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise bad(f"'{key}' must be a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad(f"'{key}' must be a finite number")
-    if positive and value <= 0:
-        raise bad(f"'{key}' must be > 0")
-    if minimum is not None and value < minimum:
-        raise bad(f"'{key}' must be >= {minimum}")
-    return float(value)
-
-
-def integer(body: Mapping[str, Any], key: str, *, minimum: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(f"'{key}' must be an integer")
-    if minimum is not None and value < minimum:
-        raise bad(f"'{key}' must be >= {minimum}")
-    return value
+MAX_PROMPT_CHARS = 2000
+"""Longest Whisper ``prompt`` (the model keeps only its last 223 tokens anyway)."""
+SPEECH_RANGES: dict[str, tuple[float, float]] = {
+    "speed": (0.25, 4.0),
+    "speaking_rate": (0.25, 4.0),
+    "length_scale": (0.1, 10.0),
+    "noise_scale": (0.0, 2.0),
+    "noise_w": (0.0, 2.0),
+}
+"""Every numeric synthesis parameter's accepted range (docs/server.md, "Limits")."""
+SEED_MAX = 2**64 - 1
+VAD_RANGES: dict[str, tuple[float, float]] = {
+    "threshold": (0.0, 1.0),  # open at both ends (silero's own check)
+    "min_speech_duration_ms": (0.0, 3_600_000.0),
+    "min_silence_duration_ms": (0.0, 3_600_000.0),
+    "speech_pad_ms": (0.0, 3_600_000.0),
+}
+VAD_OPEN = frozenset({"threshold"})
+"""VAD options whose range excludes its ends."""
+LANGUAGES = ("en", "english", "English")
+SPEECH_FORMATS = ("wav", "pcm", "json", "b64_json")
+TRANSCRIPT_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+MAX_BATCH = 64
+"""Most entries of one ``/v1/tasks/batch`` request."""
 
 
 def timing(wall_s: float, audio_s: float | None) -> dict[str, Any]:
@@ -73,7 +55,9 @@ def timing(wall_s: float, audio_s: float | None) -> dict[str, Any]:
 def require(spec_id: str, mode: str, what: str, allowed_modes: tuple[str, ...]) -> None:
     """400 unless a model in ``mode`` can serve ``what``."""
     if mode not in allowed_modes:
-        raise bad(f"model '{spec_id}' is in {mode} mode and cannot serve {what}; register it with mode={allowed_modes[0]}")
+        raise bad(
+            f"model '{spec_id}' is in {mode} mode and cannot serve {what}; register it with mode={allowed_modes[0]}"
+        )
 
 
 class TtsAdapter:
@@ -91,37 +75,40 @@ class TtsAdapter:
     def voices(self) -> list[str]:
         return list(self.VOICES)
 
-    def request(self, body: Mapping[str, Any], defaults: Mapping[str, str]) -> Any:
+    def request(
+        self, body: Mapping[str, Any], defaults: Mapping[str, str], config: ServerConfig
+    ) -> Any:
+        """The PiperRequest of a body (``input`` or ``text``), with the config's audio limits."""
         from backends.piper import PiperRequest
 
         merged: dict[str, Any] = {**defaults, **{k: v for k, v in body.items() if v is not None}}
         text = merged.get("input", merged.get("text"))
         if not isinstance(text, str) or not text.strip():
             raise bad("'input' is required (non-empty text to speak)")
-        if len(text) > 20_000:
-            raise bad("'input' is too long (at most 20000 characters)")
+        if "\0" in text:  # espeak takes C strings
+            raise bad("'input' must not contain NUL characters")
+        if len(text) > config.max_input_chars:
+            raise bad(
+                f"'input' is too long (at most {config.max_input_chars} characters: max_input_chars)"
+            )
         voice = merged.get("voice")
-        if voice is not None and voice not in self.VOICES:
-            raise bad(f"unknown voice {voice!r}; available: {', '.join(self.VOICES)}")
-        speed = number(merged, "speed", positive=True)
+        if voice is not None and (not isinstance(voice, str) or voice not in self.VOICES):
+            raise bad(f"unknown voice {show(voice)}; available: {', '.join(self.VOICES)}")
+        speed = number(merged, "speed", *SPEECH_RANGES["speed"])
         if speed is None:
-            speed = number(merged, "speaking_rate", positive=True)
-        if speed is not None and not 0.25 <= speed <= 4.0:
-            raise bad("'speed' must be between 0.25 and 4.0")
-        length_scale = number(merged, "length_scale", positive=True)
+            speed = number(merged, "speaking_rate", *SPEECH_RANGES["speaking_rate"])
+        length_scale = number(merged, "length_scale", *SPEECH_RANGES["length_scale"])
         if speed is not None:
             length_scale = (length_scale or 1.0) / speed
-        seed = integer(merged, "seed", minimum=0)
-        try:
-            return PiperRequest(
-                text=text,
-                noise_scale=number(merged, "noise_scale", minimum=0.0),
-                length_scale=length_scale,
-                noise_w=number(merged, "noise_w", minimum=0.0),
-                seed=seed,
-            )
-        except ValueError as exc:
-            raise bad(str(exc)) from exc
+        return PiperRequest(
+            text=text,
+            noise_scale=number(merged, "noise_scale", *SPEECH_RANGES["noise_scale"]),
+            length_scale=length_scale,
+            noise_w=number(merged, "noise_w", *SPEECH_RANGES["noise_w"]),
+            seed=integer(merged, "seed", 0, SEED_MAX),
+            max_seconds=speech_seconds(config, len(text)),
+            max_sentence_seconds=config.max_sentence_seconds,
+        )
 
     @staticmethod
     def audio(result: Any) -> tuple[np.ndarray, int]:
@@ -129,10 +116,19 @@ class TtsAdapter:
 
     def json(self, result: Any) -> dict[str, Any]:
         audio, rate = self.audio(result)
-        return {"audio": b64encode(wav_bytes(audio, rate)), "sample_rate": rate, "channels": 1, "format": "wav"}
+        return {
+            "audio": b64encode(wav_bytes(audio, rate)),
+            "sample_rate": rate,
+            "channels": 1,
+            "format": "wav",
+        }
 
     def chunk_json(self, chunk: Any) -> dict[str, Any]:
-        return {"audio": b64encode(pcm16(chunk.audio)), "sample_rate": int(chunk.sample_rate), "index": int(chunk.index)}
+        return {
+            "audio": b64encode(pcm16(chunk.audio)),
+            "sample_rate": int(chunk.sample_rate),
+            "index": int(chunk.index),
+        }
 
     @staticmethod
     def duration(result: Any) -> float:
@@ -153,19 +149,27 @@ class AsrAdapter(ServesEveryMode):
     task = "asr"
     sample_rate = 16000
 
-
     def voices(self) -> list[str]:
         return []
+
+    def check_fields(self, body: Mapping[str, Any]) -> None:
+        """400 for a bad field, before any audio is decoded."""
+        language = body.get("language")
+        if language not in (None, "") and (
+            not isinstance(language, str) or language not in LANGUAGES
+        ):
+            raise bad(
+                f"language {show(language)} is not supported: this model is English-only (tiny.en)"
+            )
+        prompt = body.get("prompt", body.get("text"))
+        if prompt is not None and (not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS):
+            raise bad(f"'prompt' must be a string of at most {MAX_PROMPT_CHARS} characters")
 
     def request(self, body: Mapping[str, Any], audio: np.ndarray) -> Any:
         from backends.whisper import WhisperRequest
 
-        language = body.get("language")
-        if language not in (None, "", "en", "english", "English"):
-            raise bad(f"language {language!r} is not supported: this model is English-only (tiny.en)")
+        self.check_fields(body)
         prompt = body.get("prompt", body.get("text"))
-        if prompt is not None and not isinstance(prompt, str):
-            raise bad("'prompt' must be a string")
         return WhisperRequest(audio=audio, initial_prompt=prompt or None)
 
     @staticmethod
@@ -202,28 +206,34 @@ class VadAdapter(ServesEveryMode):
     task = "vad"
     sample_rate = 16000
 
-
     def voices(self) -> list[str]:
         return []
+
+    def check_fields(self, body: Mapping[str, Any]) -> dict[str, float]:
+        """The given VAD options, each in its range (400 otherwise), before any audio is decoded."""
+        return {
+            key: value
+            for key, (lo, hi) in VAD_RANGES.items()
+            if (value := number(body, key, lo, hi, is_open=key in VAD_OPEN)) is not None
+        }
 
     def request(self, body: Mapping[str, Any], audio: np.ndarray) -> Any:
         from backends.silero_vad import VadOptions, VadRequest
 
-        try:
-            given = {
-                key: value
-                for key in ("threshold", "min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms")
-                if (value := number(body, key, minimum=0.0)) is not None
-            }
-            options = VadOptions(**given)
-            return VadRequest(audio=audio, options=options)
+        try:  # the ranges above are silero's own; its check stays the last word
+            return VadRequest(audio=audio, options=VadOptions(**self.check_fields(body)))
         except (TypeError, ValueError) as exc:
             raise bad(str(exc)) from exc
 
     def json(self, result: Any, probabilities: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
             "segments": [
-                {"start": round(s.start_s, 4), "end": round(s.end_s, 4), "start_sample": s.start, "end_sample": s.end}
+                {
+                    "start": round(s.start_s, 4),
+                    "end": round(s.end_s, 4),
+                    "start_sample": s.start,
+                    "end_sample": s.end,
+                }
                 for s in result.segments
             ],
             "sample_rate": int(result.sample_rate),
@@ -238,12 +248,32 @@ class VadAdapter(ServesEveryMode):
             "index": int(chunk.index),
             "start_sample": int(chunk.start),
             "probability": round(float(chunk.probability), 6),
-            "events": [{"type": e.kind, "sample": int(e.sample), "time": round(e.seconds, 4)} for e in chunk.events],
+            "events": [
+                {"type": e.kind, "sample": int(e.sample), "time": round(e.seconds, 4)}
+                for e in chunk.events
+            ],
         }
 
     @staticmethod
     def duration(result: Any) -> float:
         return float(result.duration_s)
+
+
+def speech_seconds(config: ServerConfig, chars: int) -> float:
+    """The most audio a speech request of ``chars`` input characters may produce."""
+    return min(config.max_speech_seconds, config.speech_seconds_per_char * max(chars, 1))
+
+
+def speech_limit_error(exc: Exception, config: ServerConfig) -> ApiError:
+    """The 400 for a piper :class:`~backends.piper.AudioLimitError`, naming the config key."""
+    limit, seconds = getattr(exc, "limit", "request"), float(getattr(exc, "seconds", 0.0))
+    if limit == "sentence":
+        key = f"max_sentence_seconds={config.max_sentence_seconds:g}; split long sentences with punctuation"
+    elif seconds >= config.max_speech_seconds:
+        key = f"max_speech_seconds={config.max_speech_seconds:g}"
+    else:
+        key = f"speech_seconds_per_char={config.speech_seconds_per_char:g} per input character, at most max_speech_seconds={config.max_speech_seconds:g}"
+    return bad(f"{exc} ({key})")
 
 
 ADAPTERS: dict[str, TtsAdapter | AsrAdapter | VadAdapter] = {

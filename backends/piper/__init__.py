@@ -11,18 +11,19 @@ from typing import Any
 from backends.base import ArrayBackend
 from backends.piper.api import (
     DEFAULT_SEED,
+    AudioLimitError,
     PiperChunk,
     PiperRequest,
     PiperResult,
-    pcm16_bytes,
-    wav_bytes,
 )
 from backends.piper.loader import Hyper, check_weights, load_config, read_graph_weights
 from backends.piper.model import PiperModel
 from backends.piper.session import PiperFactory, PiperSession
+from backends.wav import pcm16_bytes, wav_bytes
 
 __all__ = [
     "DEFAULT_SEED",
+    "AudioLimitError",
     "PiperChunk",
     "PiperFactory",
     "PiperModel",

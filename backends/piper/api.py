@@ -13,10 +13,41 @@ DEFAULT_SEED = 0
 """Noise seed of requests that give none, so repeating a request repeats its audio."""
 
 
-
 def _finite_nonneg(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
     if value is not None and not (np.isfinite(value) and value >= 0):
         raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _finite_positive(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value!r}")
+
+
+class AudioLimitError(ValueError):
+    """A request would produce more audio than its limit: nothing past the limit is synthesized.
+
+    ``limit`` is ``"request"`` (``PiperRequest.max_seconds``, the whole request) or
+    ``"sentence"`` (``max_sentence_seconds``, one sentence: its memory grows with it).
+    """
+
+    def __init__(self, limit: str, seconds: float, at_least: float) -> None:
+        what = "this request" if limit == "request" else "one sentence"
+        super().__init__(
+            f"the speech would exceed {seconds:g} s of audio, the most {what} may produce "
+            f"(at least {at_least:.1f} s needed)"
+        )
+        self.limit = limit
+        self.seconds = seconds
+        self.at_least = at_least
+
+
+class FrameLimitError(ValueError):
+    """Raised by the model before the flow and vocoder when a sentence needs more frames than allowed."""
+
+    def __init__(self, frames: int, max_frames: int) -> None:
+        super().__init__(f"sentence needs {frames} frames, at most {max_frames} allowed")
+        self.frames = frames
+        self.max_frames = max_frames
 
 
 @attrs.frozen
@@ -25,6 +56,9 @@ class PiperRequest:
 
     ``normalize_audio`` and ``volume`` are piper's output stage (peak-normalise each
     sentence, scale, clip to [-1, 1]); ``seed`` seeds this request's own RNG.
+    ``max_seconds`` bounds the request's audio, ``max_sentence_seconds`` each sentence's
+    (its working memory is proportional to it): a request that would pass either gets
+    :class:`AudioLimitError` before the sentence's flow and vocoder run.
     """
 
     text: str
@@ -35,6 +69,8 @@ class PiperRequest:
     speaker: int | None = None
     normalize_audio: bool = True
     volume: float = attrs.field(default=1.0, validator=_finite_nonneg)
+    max_seconds: float | None = attrs.field(default=None, validator=_finite_positive)
+    max_sentence_seconds: float | None = attrs.field(default=None, validator=_finite_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.length_scale == 0:

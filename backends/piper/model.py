@@ -12,6 +12,7 @@ import attrs
 import numpy as np
 
 from backends.base import Array, ArrayBackend
+from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
 from backends.piper.flow import flow_reverse
 from backends.piper.generator import generate
@@ -44,10 +45,15 @@ class PiperModel:
         noise_w: float,
         rng: np.random.Generator,
         backend: ArrayBackend | None = None,
+        max_frames: int | None = None,
     ) -> Synthesis:
         """Same inputs as the ONNX model (ids and scales); noise drawn from ``rng``.
 
         ``backend`` is the calling session's view (its own queue); default: the model's.
+        ``max_frames`` bounds the output (``hop_length`` samples a frame) and so the
+        memory: every id gets at least one frame, so more ids than that fail before the
+        encoder, and more predicted frames fail before the flow and vocoder
+        (:class:`FrameLimitError`).
         """
         be, w, h = backend or self.backend, self.weights, self.hyper
         ids = np.asarray(phoneme_ids, dtype=np.int64).reshape(-1)
@@ -56,11 +62,15 @@ class PiperModel:
         if ids.min() < 0 or ids.max() >= h.n_vocab:
             raise ValueError(f"phoneme ids must be in [0, {h.n_vocab})")
         t = int(ids.size)
+        if max_frames is not None and t > max_frames:
+            raise FrameLimitError(t, max_frames)
         x, m, logs = encode(be, w, h, ids)
         dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(noise_w)
         logw = log_durations(be, w, h, x, dp_noise)
         durations = np.ceil(np.exp(logw) * np.float32(length_scale)).astype(np.int64)
         frames = max(int(durations.sum()), 1)
+        if max_frames is not None and frames > max_frames:
+            raise FrameLimitError(frames, max_frames)
         if durations.sum() > 0:
             index = np.repeat(np.arange(t), durations)
             m = be.take(m, index, 2)

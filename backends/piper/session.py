@@ -18,7 +18,14 @@ import numpy as np
 
 from backends.base import session_backend
 from backends.identity import HasIdentity, Identity
-from backends.piper.api import DEFAULT_SEED, PiperChunk, PiperRequest, PiperResult
+from backends.piper.api import (
+    DEFAULT_SEED,
+    AudioLimitError,
+    FrameLimitError,
+    PiperChunk,
+    PiperRequest,
+    PiperResult,
+)
 from backends.piper.model import PiperModel
 from backends.piper.phonemize import phoneme_ids, phonemize
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
@@ -109,11 +116,20 @@ class PiperSession(HasIdentity):
         noise_w: float,
     ) -> Iterator[PiperChunk]:
         cfg = self.model.config
+        frame_seconds = self.model.hyper.hop_length / cfg.sample_rate
+        used = 0  # frames produced so far
         for index, phonemes in enumerate(p for p in phonemize(request.text, cfg) if p):
             ids = phoneme_ids(phonemes, cfg)
-            audio = self.model.synthesize_ids(
-                np.asarray(ids), noise_scale, length_scale, noise_w, rng, self.backend
-            ).audio
+            budget, limit, seconds = _frame_budget(request, used, frame_seconds)
+            try:
+                synthesis = self.model.synthesize_ids(
+                    np.asarray(ids), noise_scale, length_scale, noise_w, rng, self.backend, budget
+                )
+            except FrameLimitError as exc:
+                needed = (used if limit == "request" else 0) + exc.frames
+                raise AudioLimitError(limit, seconds, needed * frame_seconds) from None
+            used += max(int(synthesis.durations.sum()), 1)
+            audio = synthesis.audio
             if request.normalize_audio:
                 peak = float(np.max(np.abs(audio)))
                 audio = np.zeros_like(audio) if peak < 1e-8 else audio / np.float32(peak)
@@ -127,6 +143,27 @@ class PiperSession(HasIdentity):
                 audio=audio,
                 sample_rate=cfg.sample_rate,
             )
+
+
+def _frame_budget(
+    request: PiperRequest, used: int, frame_seconds: float
+) -> tuple[int | None, str, float]:
+    """Frames the next sentence may take, which limit binds, and that limit in seconds."""
+    options: list[tuple[int, str, float]] = []
+    if request.max_seconds is not None:
+        total = int(request.max_seconds / frame_seconds)
+        options.append((max(total - used, 0), "request", request.max_seconds))
+    if request.max_sentence_seconds is not None:
+        options.append(
+            (
+                int(request.max_sentence_seconds / frame_seconds),
+                "sentence",
+                request.max_sentence_seconds,
+            )
+        )
+    if not options:
+        return None, "", 0.0
+    return min(options)
 
 
 class PiperFactory(HasIdentity):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from starlette.datastructures import UploadFile
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.families import ApiError, bad
-from server.http.errors import error_response
+from server.config import MAX_JSON_INT
+from server.http.errors import ApiError, bad, error_response, show
 
 DRAIN_BYTES = 1024 * 1024
 """Unread request bytes discarded after an early response (403, 404, 413...), at most."""
@@ -47,7 +50,11 @@ class BodyLimit:
             drain = 0 <= declared <= self.limit + DRAIN_BYTES
 
             async def drained(message: Message) -> None:
-                if drain and message["type"] == "http.response.body" and not message.get("more_body", False):
+                if (
+                    drain
+                    and message["type"] == "http.response.body"
+                    and not message.get("more_body", False)
+                ):
                     await _drain(receive)
                 await send(message)
 
@@ -73,7 +80,11 @@ class BodyLimit:
             nonlocal started, finished
             if message["type"] == "http.response.start":
                 started = True
-            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not finished:
+            elif (
+                message["type"] == "http.response.body"
+                and not message.get("more_body", False)
+                and not finished
+            ):
                 finished = True
                 await _drain(receive)
             await send(message)
@@ -85,7 +96,11 @@ class BodyLimit:
                 await self._too_large(scope, receive, watch)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(413, f"request body exceeds max_request_body_bytes={self.limit}", "invalid_request_error")
+        response = error_response(
+            413,
+            f"request body exceeds max_request_body_bytes={self.limit}",
+            "invalid_request_error",
+        )
         await response(scope, receive, send)
 
 
@@ -107,15 +122,73 @@ class _TooLarge(ApiError):
         super().__init__(413, f"request body exceeds max_request_body_bytes={limit}")
 
 
+JSON_THREAD_BYTES = 64 * 1024
+"""JSON bodies larger than this are parsed in a worker thread, off the event loop."""
+MAX_JSON_CONTAINERS = 1_000_000
+"""At most this many ``{``, ``[`` and ``,`` bytes in a JSON body: each can make one Python
+object (at most about 80 bytes), so the parsed body stays within ``4 * body + 80 MB``."""
+MAX_NUMBER_TEXT = 32
+"""The longest numeric string accepted for a number field (form fields are strings)."""
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    """``raw`` as JSON, or a 400: never a RecursionError, digit-limit ValueError or lone surrogate."""
+    if raw.count(b"{") + raw.count(b"[") + raw.count(b",") > MAX_JSON_CONTAINERS:
+        raise bad(f"request body has more than {MAX_JSON_CONTAINERS} JSON values")
+    try:
+        value = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        raise bad("request body nests JSON too deeply") from None
+    except UnicodeDecodeError:
+        raise bad("request body is not valid UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise bad(f"request body is not valid JSON: {exc.msg} at byte {exc.pos}") from None
+    except ValueError as exc:  # the int digit limit, NaN/Infinity
+        text = str(exc)
+        if "digits" in text:
+            raise bad(
+                "request body is not valid JSON here: an integer has too many digits"
+            ) from None
+        raise bad(f"request body is not valid JSON: {text[:80]}") from None
+    _check_strings(value)
+    return value
+
+
+def _check_strings(value: Any) -> None:
+    """400 if any key or string holds a lone surrogate (``"\\ud800"``): it has no UTF-8 form."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad("request body has a string with a lone UTF-16 surrogate") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 async def json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 saying what is wrong."""
-    raw = await request.body()
+    """The body as a JSON object, or a 400 saying what is wrong (large bodies parse off the loop)."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # the body ended before its Content-Length (a half-closed socket)
+        raise bad("request body ended before its declared Content-Length") from None
     if not raw:
         raise bad("request body must be a JSON object")
-    try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad(f"request body is not valid JSON: {exc}") from exc
+    if len(raw) > JSON_THREAD_BYTES:
+        value = await anyio.to_thread.run_sync(parse_json, raw)
+    else:
+        value = parse_json(raw)
     if not isinstance(value, dict):
         raise bad("request body must be a JSON object")
     return value
@@ -132,7 +205,7 @@ async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, s
     except ApiError:
         raise
     except Exception as exc:
-        raise bad(f"malformed multipart body: {exc}") from exc
+        raise bad(f"malformed multipart body: {str(exc)[:120]}") from exc
     fields: dict[str, Any] = {}
     data: bytes | None = None
     filename: str | None = None
@@ -149,33 +222,83 @@ async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, s
     return fields, data, filename
 
 
+FORM_BOOLEANS = ("true", "True", "1", "false", "False", "0")
+"""The strings a boolean field accepts (form fields are strings): the first three are true."""
+
+
 def boolean(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
-    """A boolean field: JSON true/false, or the form strings true/True/1/false/False/0."""
+    """A boolean field: JSON true/false, or one of :data:`FORM_BOOLEANS`."""
     value = body.get(key)
     if value is None:
         return default
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value in ("true", "True", "1"):
-        return True
-    if isinstance(value, str) and value in ("false", "False", "0"):
-        return False
+    if isinstance(value, str) and value in FORM_BOOLEANS:
+        return FORM_BOOLEANS.index(value) < 3
     raise bad(f"'{key}' must be true or false")
+
+
+def _range_text(lo: float, hi: float, is_open: bool) -> str:
+    return f"> {lo:g} and < {hi:g}" if is_open else f"between {lo:g} and {hi:g}"
+
+
+def integer(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
+    """An optional integer field in ``[lo, hi]``: a JSON integer (or integral float), or a string
+    of ASCII digits. Booleans, fractions, non-finite numbers, digit look-alikes (``"²"``,
+    ``"--5"``) and numbers out of range are a 400 naming the field and its range."""
+    value = body.get(key)
+    if value is None:
+        return None
+    error = bad(f"'{key}' must be an integer between {lo} and {hi}")
+    if isinstance(value, bool):
+        raise error
+    if isinstance(value, str):
+        if len(value) > MAX_NUMBER_TEXT or not _INT_TEXT.fullmatch(value):
+            raise error
+        value = int(value)
+    elif isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer() and lo <= value <= hi):
+            raise error
+        value = int(value)
+    if not isinstance(value, int) or not lo <= value <= hi:
+        raise error
+    return value
+
+
+def number(
+    body: Mapping[str, Any], key: str, lo: float, hi: float, *, is_open: bool = False
+) -> float | None:
+    """An optional finite number field in ``[lo, hi]`` (``(lo, hi)`` when ``is_open``): a JSON
+    number or a plain ASCII decimal string; anything else is a 400 naming the field and range."""
+    value = body.get(key)
+    if value is None:
+        return None
+    error = bad(f"'{key}' must be a number {_range_text(lo, hi, is_open)}")
+    if isinstance(value, bool):
+        raise error
+    if isinstance(value, str):
+        if len(value) > MAX_NUMBER_TEXT or not _FLOAT_TEXT.fullmatch(value):
+            raise error
+        value = float(value)
+    if not isinstance(value, int | float):
+        raise error
+    # compare before converting: a 400-digit integer is out of range, not an OverflowError
+    if isinstance(value, float) and not math.isfinite(value):
+        raise error
+    if value > hi or value < lo or (is_open and value in (lo, hi)):
+        raise error
+    return float(value)
 
 
 def busy_timeout(body: Mapping[str, Any]) -> int | None:
     """The request's ``busy_timeout_ms`` override: an integer >= 0 (0 = use the ceiling)."""
-    value = body.get("busy_timeout_ms")
-    if value is None:
-        return None
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise bad("'busy_timeout_ms' must be an integer >= 0")
-    return value
+    return integer(body, "busy_timeout_ms", 0, MAX_JSON_INT)
 
 
-def text_field(body: Mapping[str, Any], key: str, required: bool = True) -> str | None:
+def string(
+    body: Mapping[str, Any], key: str, *, max_chars: int, required: bool = False
+) -> str | None:
+    """An optional (or required) non-empty string field of at most ``max_chars`` characters."""
     value = body.get(key)
     if value is None:
         if required:
@@ -183,7 +306,34 @@ def text_field(body: Mapping[str, Any], key: str, required: bool = True) -> str 
         return None
     if not isinstance(value, str) or not value:
         raise bad(f"'{key}' must be a non-empty string")
+    if len(value) > max_chars:
+        raise bad(f"'{key}' is too long (at most {max_chars} characters)")
     return value
 
 
-__all__ = ["ApiError", "BodyLimit", "boolean", "busy_timeout", "form_fields", "is_multipart", "json_object", "text_field"]
+def choice(
+    body: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str | None = None
+) -> str | None:
+    """An optional field that must be one of ``allowed`` (the default when absent, null or empty)."""
+    value = body.get(key)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise bad(f"unsupported {key} {show(value)}; supported: {', '.join(allowed)}")
+    return value
+
+
+__all__ = [
+    "ApiError",
+    "BodyLimit",
+    "boolean",
+    "busy_timeout",
+    "choice",
+    "form_fields",
+    "integer",
+    "is_multipart",
+    "json_object",
+    "number",
+    "parse_json",
+    "string",
+]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from backends.piper.api import AudioLimitError as SpeechLimitError
 from server.audio import (
     AudioError,
     b64decode,
@@ -19,13 +24,11 @@ from server.audio import (
     streaming_wav_header,
     wav_bytes,
 )
-from server.families import bad, timing
-from server.http.body import boolean, busy_timeout, form_fields, is_multipart, json_object
+from server.families import SPEECH_FORMATS, TRANSCRIPT_FORMATS, speech_limit_error, timing
+from server.http.body import boolean, busy_timeout, choice, form_fields, is_multipart, json_object
+from server.http.errors import bad
 from server.http.state import ServerState
 from server.http.streaming import LeasedResponse, sse_events
-
-SPEECH_FORMATS = ("wav", "pcm", "json", "b64_json")
-TRANSCRIPT_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
 
 
 def state_of(request: Request) -> ServerState:
@@ -52,56 +55,97 @@ async def speech(request: Request) -> Response:
     spec = st.spec(body.get("model"), "tts")
     request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
-    req = adapter.request(body, spec.extra.get("default_request_options", {}))
+    req = adapter.request(body, spec.extra.get("default_request_options", {}), st.config)
     timeout = busy_timeout(body)
-    fmt = body.get("response_format") or "wav"
-    if fmt not in SPEECH_FORMATS:
-        raise bad(f"unsupported response_format {fmt!r}; supported: {', '.join(SPEECH_FORMATS)}")
-    stream_format = body.get("stream_format")
-    if stream_format is not None or boolean(body, "stream"):
-        stream_format = stream_format or "sse"
-        if stream_format not in ("sse", "audio"):
-            raise bad("stream_format must be 'sse' or 'audio'")
+    fmt = choice(body, "response_format", SPEECH_FORMATS, "wav")
+    assert fmt is not None
+    stream = boolean(body, "stream")
+    if body.get("stream_format") is not None or stream:
+        stream_format = choice(body, "stream_format", ("sse", "audio"), "sse")
+        assert stream_format is not None
         adapter.check(spec.id, spec.mode, "stream")
         return await speech_stream(st, spec.id, req, timeout, stream_format, fmt)
     t0 = time.perf_counter()
-    result = await st.runtime.run(spec.id, req, timeout)
+    try:
+        result = await st.runtime.run(spec.id, req, timeout)
+    except SpeechLimitError as exc:
+        raise speech_limit_error(exc, st.config) from None
     wall = time.perf_counter() - t0
     audio, rate = adapter.audio(result)
     info = timing(wall, audio.size / rate)
+    # encoding (up to max_speech_seconds of audio) happens off the event loop
     if fmt in ("json", "b64_json"):
-        return JSONResponse({"audio": b64encode(wav_bytes(audio, rate)), "format": "wav", "sample_rate": rate, "timing": info})
+        payload = await anyio.to_thread.run_sync(_speech_json, audio, rate, info)
+        return Response(payload, media_type="application/json")
     headers = {
         "X-Voxpool-Wall-Ms": str(info["wall_ms"]),
         "X-Voxpool-Audio-Duration-Ms": str(info["audio_duration_ms"]),
         "X-Voxpool-Sample-Rate": str(rate),
     }
     if fmt == "pcm":
-        return Response(pcm16(audio), media_type="audio/pcm", headers=headers)
-    return Response(wav_bytes(audio, rate), media_type="audio/wav", headers=headers)
+        return Response(
+            await anyio.to_thread.run_sync(pcm16, audio), media_type="audio/pcm", headers=headers
+        )
+    return Response(
+        await anyio.to_thread.run_sync(wav_bytes, audio, rate),
+        media_type="audio/wav",
+        headers=headers,
+    )
 
 
-async def speech_stream(st: ServerState, model: str, req: Any, timeout: int | None, stream_format: str, fmt: str) -> Response:
+def _speech_json(audio: Any, rate: int, info: dict[str, Any]) -> bytes:
+    payload = {
+        "audio": b64encode(wav_bytes(audio, rate)),
+        "format": "wav",
+        "sample_rate": rate,
+        "timing": info,
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+async def speech_stream(
+    st: ServerState, model: str, req: Any, timeout: int | None, stream_format: str, fmt: str
+) -> Response:
     stack, chunks = await open_leased_stream(st, model, req, timeout)
     t0 = time.perf_counter()
+    try:  # the first sentence before any header: a limit it breaks is still a plain 400
+        head = [await anext(chunks)]
+    except StopAsyncIteration:
+        head = []
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await stack.aclose()
+        if isinstance(exc, SpeechLimitError):
+            raise speech_limit_error(exc, st.config) from None
+        raise
+    ttft = time.perf_counter() - t0
+    if not head:
+        await stack.aclose()
+        raise bad("the input produced no speech (nothing to pronounce)")
+
+    async def limited() -> AsyncIterator[Any]:
+        for chunk in head:
+            yield chunk
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except (
+            SpeechLimitError
+        ) as exc:  # a later sentence: the error event (or the cut) says which limit
+            raise speech_limit_error(exc, st.config) from None
 
     if stream_format == "sse":
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            first: float | None = None
-            async for chunk in chunks:
-                if first is None:
-                    first = time.perf_counter() - t0
+            async for chunk in limited():
                 yield {"type": "speech.audio.delta", "audio": b64encode(pcm16(chunk.audio))}
-            if first is None:
-                raise ValueError("the model produced no audio")
-            yield {"type": "speech.audio.done", "timing": {"ttft_ms": round(first * 1000.0, 3)}}
+            yield {"type": "speech.audio.done", "timing": {"ttft_ms": round(ttft * 1000.0, 3)}}
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
 
     async def audio() -> AsyncIterator[bytes]:
         header_sent = False
-        async for chunk in chunks:
+        async for chunk in limited():
             if fmt == "wav" and not header_sent:
                 header_sent = True
                 yield streaming_wav_header(int(chunk.sample_rate))
@@ -111,30 +155,56 @@ async def speech_stream(st: ServerState, model: str, req: Any, timeout: int | No
     return LeasedResponse(audio(), stack, media)
 
 
-async def audio_input(st: ServerState, body: dict[str, Any], data: bytes | None, filename: str | None, rate: int) -> Any:
-    """The request's audio at ``rate``: an uploaded file, base64, or a server-local path."""
+async def audio_input(
+    st: ServerState,
+    body: Mapping[str, Any],
+    data: bytes | None,
+    filename: str | None,
+    rate: int,
+    max_seconds: float,
+) -> np.ndarray:
+    """The request's audio at ``rate``: an uploaded file, base64, or a server-local path.
+
+    Reading, base64 and WAV decoding and resampling run in a worker thread;
+    audio longer than ``max_seconds`` is refused from its header, before decoding.
+    """
+    encoded: str | None = None
+    path: Any = None
     if data is None:
         if body.get("audio_base64") is not None:
-            try:
-                data = b64decode(str(body["audio_base64"]))
-            except AudioError as exc:
-                raise bad(str(exc)) from exc
+            encoded = body["audio_base64"]
+            if not isinstance(encoded, str):
+                raise bad("'audio_base64' must be a base64 string")
         else:
-            path = next((body[k] for k in ("audio_path", "file", "audio") if body.get(k) is not None), None)
+            path = next(
+                (body[k] for k in ("audio_path", "file", "audio") if body.get(k) is not None), None
+            )
             if path is None:
                 raise bad("audio is required: upload a 'file', or give 'audio_base64'")
-            data = st.local_audio(path)
     if filename and "." in filename and not filename.lower().endswith(".wav"):
         raise bad("only WAV uploads are supported")
-    if not data:
-        raise bad("the uploaded file is empty")
-    try:
-        return load_for_model(data, rate)
-    except AudioError as exc:
-        raise bad(str(exc)) from exc
+
+    def work() -> np.ndarray:
+        try:
+            raw = (
+                data
+                if data is not None
+                else b64decode(encoded)
+                if encoded is not None
+                else st.local_audio(path)
+            )
+            if not raw:
+                raise bad("the uploaded file is empty")
+            return load_for_model(raw, rate, max_seconds)
+        except AudioError as exc:
+            raise bad(str(exc)) from None
+
+    return await anyio.to_thread.run_sync(work)
 
 
-async def audio_request(request: Request) -> tuple[ServerState, dict[str, Any], bytes | None, str | None]:
+async def audio_request(
+    request: Request,
+) -> tuple[ServerState, dict[str, Any], bytes | None, str | None]:
     st = state_of(request)
     if is_multipart(request):
         fields, data, filename = await form_fields(request)
@@ -170,12 +240,14 @@ async def transcriptions(request: Request) -> Response:
     request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
     timeout = busy_timeout(body)
-    fmt = body.get("response_format") or "json"
-    if fmt not in TRANSCRIPT_FORMATS:
-        raise bad(f"unsupported response_format {fmt!r}; supported: {', '.join(TRANSCRIPT_FORMATS)}")
-    audio = await audio_input(st, body, data, filename, adapter.sample_rate)
+    fmt = choice(body, "response_format", TRANSCRIPT_FORMATS, "json")
+    stream = boolean(body, "stream")
+    adapter.check_fields(body)
+    audio = await audio_input(
+        st, body, data, filename, adapter.sample_rate, st.config.max_audio_seconds
+    )
     req = adapter.request(body, audio)
-    if boolean(body, "stream"):
+    if stream:
         stack, chunks = await open_leased_stream(st, spec.id, req, timeout)
         t0 = time.perf_counter()
 
@@ -186,9 +258,17 @@ async def transcriptions(request: Request) -> Response:
                 if first is None:
                     first = time.perf_counter() - t0
                 texts.append(seg.text)
-                yield {"type": "transcript.text.delta", "delta": seg.text, "segment": adapter.chunk_json(seg)}
+                yield {
+                    "type": "transcript.text.delta",
+                    "delta": seg.text,
+                    "segment": adapter.chunk_json(seg),
+                }
             ttft = None if first is None else round(first * 1000.0, 3)
-            yield {"type": "transcript.text.done", "text": "".join(texts).strip(), "timing": {"ttft_ms": ttft}}
+            yield {
+                "type": "transcript.text.done",
+                "text": "".join(texts).strip(),
+                "timing": {"ttft_ms": ttft},
+            }
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
@@ -197,7 +277,10 @@ async def transcriptions(request: Request) -> Response:
     if fmt == "text":
         return PlainTextResponse(result.text.strip() + "\n")
     if fmt in ("srt", "vtt"):
-        return PlainTextResponse(subtitles(result, fmt), media_type="text/vtt" if fmt == "vtt" else "application/x-subrip")
+        return PlainTextResponse(
+            subtitles(result, fmt),
+            media_type="text/vtt" if fmt == "vtt" else "application/x-subrip",
+        )
     payload = {"text": result.text.strip(), "timing": info}
     if fmt == "verbose_json":
         payload.update(adapter.json(result))
@@ -213,21 +296,30 @@ async def vad(request: Request) -> Response:
     request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
     timeout = busy_timeout(body)
-    audio = await audio_input(st, body, data, filename, adapter.sample_rate)
+    stream = boolean(body, "stream")
+    probabilities = boolean(body, "include_probabilities")
+    adapter.check_fields(body)
+    audio = await audio_input(
+        st, body, data, filename, adapter.sample_rate, st.config.max_audio_seconds
+    )
     req = adapter.request(body, audio)
-    if boolean(body, "stream"):
+    if stream:
         stack, chunks = await open_leased_stream(st, spec.id, req, timeout)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for chunk in chunks:
                 for event in chunk.events:
-                    yield {"type": f"vad.speech.{event.kind}", "sample": int(event.sample), "time": round(event.seconds, 4)}
+                    yield {
+                        "type": f"vad.speech.{event.kind}",
+                        "sample": int(event.sample),
+                        "time": round(event.seconds, 4),
+                    }
             yield {"type": "vad.done"}
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
     result = await st.runtime.run(spec.id, req, timeout)
-    payload = adapter.json(result, probabilities=boolean(body, "include_probabilities"))
+    payload = adapter.json(result, probabilities=probabilities)
     payload["timing"] = timing(time.perf_counter() - t0, adapter.duration(result))
     return JSONResponse(payload)
 

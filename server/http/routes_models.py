@@ -9,9 +9,9 @@ from starlette.responses import JSONResponse, Response
 
 from core.policy import MISSING, Invalid, validate_slots_for_runtime
 from server.config import FAMILY_TASKS, MODES, ConfigError, parse_model
-from server.families import bad
 from server.http.body import json_object
-from server.http.openapi import SPEC
+from server.http.errors import bad, show
+from server.http.openapi import MAX_BULK_IDS, MAX_ID_CHARS, MODEL_ID, build_spec
 from server.http.routes_audio import state_of
 
 
@@ -29,7 +29,9 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """Every model and its counters; filesystem paths only for an authenticated management client."""
     st = state_of(request)
+    manager = st.is_manager(request)
     data = []
     for row in st.runtime.status():
         spec = st.runtime.specs[row.id]
@@ -49,7 +51,7 @@ async def models(request: Request) -> Response:
                 "max_parallel_slots": row.max_parallel_slots,
                 "loaded": row.loaded,
                 "state": row.state,
-                "path": spec.path,
+                **({"path": spec.path} if manager else {}),
             }
         )
     return JSONResponse({"object": "list", "data": data})
@@ -60,21 +62,29 @@ async def load(request: Request) -> Response:
     st.check_management(request)
     body = await json_object(request)
     model_id = body.get("id")
-    if not isinstance(model_id, str) or not model_id:
-        raise bad("'id' is required (a non-empty string)")
+    if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
+        raise bad(f"'id' is required: 1 to {MAX_ID_CHARS} letters, digits and . _ : -")
     family = body.get("family")
     existing = st.runtime.specs.get(model_id)
     if family is None and existing is not None:
         family = existing.family
-    if family not in FAMILY_TASKS:
-        raise bad(f"unknown family {family!r} (piper, whisper, silero_vad)")
+    if not isinstance(family, str) or family not in FAMILY_TASKS:
+        raise bad(f"unknown family {show(family)} (piper, whisper, silero_vad)")
     if body.get("mode", "offline") not in MODES:
         raise bad("mode must be 'offline' or 'streaming'")
     slots = body.get("slots", MISSING)
+    if (
+        isinstance(slots, float) and slots.is_integer()
+    ):  # JSON has one number type: 2.0 is the integer 2
+        slots = body["slots"] = int(slots)
     checked = validate_slots_for_runtime(st.config.runtime, slots)
     if isinstance(checked, Invalid):
         raise bad(checked.message)
-    raw: dict[str, Any] = {k: v for k, v in body.items() if k in ("id", "family", "task", "mode", "path", "load_options", "session_options", "slots")}
+    raw: dict[str, Any] = {
+        k: v
+        for k, v in body.items()
+        if k in ("id", "family", "task", "mode", "path", "load_options", "session_options", "slots")
+    }
     raw["family"] = family
     server_defaults = {"backend": st.config.backend, "device": st.config.device, "lazy_load": True}
     try:
@@ -89,7 +99,7 @@ async def unload(request: Request) -> Response:
     st = state_of(request)
     st.check_management(request)
     body = await json_object(request)
-    spec = st.spec(body.get("id"))
+    spec = st.spec(body.get("id"), field="id")
     await st.runtime.unload(spec.id)
     return JSONResponse({"id": spec.id, "loaded": False})
 
@@ -99,8 +109,12 @@ async def unload_models(request: Request) -> Response:
     st.check_management(request)
     body = await json_object(request)
     ids = body.get("model_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-        raise bad("request requires a 'model_ids' string array")
+    if (
+        not isinstance(ids, list)
+        or len(ids) > MAX_BULK_IDS
+        or not all(isinstance(i, str) for i in ids)
+    ):
+        raise bad(f"request requires a 'model_ids' string array (at most {MAX_BULK_IDS} ids)")
     result = await st.runtime.bulk_unload(ids)
     return JSONResponse({"unloaded": list(result.unloaded), "not_found": list(result.not_found)})
 
@@ -118,4 +132,6 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return JSONResponse(SPEC)
+    """The OpenAPI document of this server as it is now (its models, limits and management)."""
+    st = state_of(request)
+    return JSONResponse(build_spec(st.config, list(st.runtime.specs.values())))

@@ -7,17 +7,20 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
+import anyio
+import anyio.to_thread
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.families import bad, timing
+from backends.piper.api import AudioLimitError as SpeechLimitError
+from server.families import MAX_BATCH, speech_limit_error, timing
 from server.http.body import busy_timeout, json_object
+from server.http.errors import bad
 from server.http.routes_audio import audio_input, open_leased_stream, state_of
 from server.http.state import ServerState
 from server.http.streaming import LeasedResponse, sse_events
 from server.runtime.ports import ModelSpec
-
-MAX_BATCH = 64
 
 
 def inner(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -28,13 +31,15 @@ def inner(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(req)
 
 
-async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any]) -> Any:
+async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any], audio_seconds: float) -> Any:
+    """The family request of a task request; audio may be at most ``audio_seconds`` long."""
     adapter = st.adapter(spec)
     if spec.task == "tts":
         if "text" in req and "input" not in req:
             req["input"] = req["text"]
-        return adapter.request(req, spec.extra.get("default_request_options", {}))
-    audio = await audio_input(st, req, None, None, adapter.sample_rate)
+        return adapter.request(req, spec.extra.get("default_request_options", {}), st.config)
+    adapter.check_fields(req)
+    audio = await audio_input(st, req, None, None, adapter.sample_rate, audio_seconds)
     return adapter.request(req, audio)
 
 
@@ -47,12 +52,37 @@ async def run(request: Request) -> Response:
     body = await json_object(request)
     spec = st.spec(body.get("model"))
     request.state.model = spec.id  # the latency metric's label
-    req = await build(st, spec, inner(body))
+    timeout = busy_timeout(body)
+    req = await build(st, spec, inner(body), st.config.max_audio_seconds)
     t0 = time.perf_counter()
-    result = await st.runtime.run(spec.id, req, busy_timeout(body))
-    payload = result_json(st, spec, result)
+    try:
+        result = await st.runtime.run(spec.id, req, timeout)
+    except SpeechLimitError as exc:
+        raise speech_limit_error(exc, st.config) from None
+    payload = await anyio.to_thread.run_sync(result_json, st, spec, result)
     payload["timing"] = timing(time.perf_counter() - t0, st.adapter(spec).duration(result))
     return JSONResponse(payload)
+
+
+async def batch_requests(
+    st: ServerState, spec: ModelSpec, raw: list[Mapping[str, Any]]
+) -> list[Any]:
+    """Every entry's family request, sharing one request's limits: at most ``max_audio_seconds``
+    of input audio in all, and ``max_speech_seconds`` of speech shared in proportion to each
+    entry's text (each entry also keeps its own per-character bound)."""
+    reqs: list[Any] = []
+    audio_left = st.config.max_audio_seconds
+    for entry in raw:
+        req = await build(st, spec, dict(entry), audio_left)
+        audio = getattr(req, "audio", None)
+        if audio is not None:
+            audio_left -= audio.size / st.adapter(spec).sample_rate
+        reqs.append(req)
+    if spec.task == "tts":
+        chars = sum(len(r.text) for r in reqs)
+        share = st.config.max_speech_seconds / chars
+        reqs = [attrs.evolve(r, max_seconds=min(r.max_seconds, share * len(r.text))) for r in reqs]
+    return reqs
 
 
 async def batch(request: Request) -> Response:
@@ -60,6 +90,7 @@ async def batch(request: Request) -> Response:
     body = await json_object(request)
     spec = st.spec(body.get("model"))
     request.state.model = spec.id  # the latency metric's label
+    timeout = busy_timeout(body)
     raw = body.get("requests")
     if not isinstance(raw, list) or not raw:
         raise bad("'requests' must be a non-empty array of request objects")
@@ -68,22 +99,33 @@ async def batch(request: Request) -> Response:
     if not all(isinstance(r, Mapping) for r in raw):
         raise bad("every entry of 'requests' must be an object")
     st.adapter(spec).check(spec.id, spec.mode, "batch")
-    reqs = [await build(st, spec, dict(r)) for r in raw]
+    reqs = await batch_requests(st, spec, raw)
     stack = AsyncExitStack()
     try:
-        held = await stack.enter_async_context(st.runtime.acquire(spec.id, busy_timeout(body)))
+        held = await stack.enter_async_context(st.runtime.acquire(spec.id, timeout))
     except BaseException:
         await stack.aclose()
         raise
     t0 = time.perf_counter()
 
     async def events() -> AsyncIterator[dict[str, Any]]:
-        results = await st.runtime.batch_on(held, reqs)
+        try:
+            results = await st.runtime.batch_on(held, reqs)
+        except SpeechLimitError as exc:
+            raise speech_limit_error(exc, st.config) from None
         total = 0.0
         for i, result in enumerate(results):
             total += st.adapter(spec).duration(result)
-            yield {"type": "task.batch.result", "index": i, "result": {**result_json(st, spec, result), "timing": None}}
-        yield {"type": "task.batch.done", "result_count": len(results), "timing": timing(time.perf_counter() - t0, total)}
+            yield {
+                "type": "task.batch.result",
+                "index": i,
+                "result": {**result_json(st, spec, result), "timing": None},
+            }
+        yield {
+            "type": "task.batch.done",
+            "result_count": len(results),
+            "timing": timing(time.perf_counter() - t0, total),
+        }
 
     return LeasedResponse(sse_events(events()), stack, "text/event-stream")
 
@@ -93,24 +135,35 @@ async def stream(request: Request) -> Response:
     body = await json_object(request)
     spec = st.spec(body.get("model"))
     request.state.model = spec.id  # the latency metric's label
+    timeout = busy_timeout(body)
     sf = body.get("stream_format")
     if sf is not None and sf != "json":
         raise bad("task stream returns one JSON document; stream_format must be omitted or 'json'")
     st.adapter(spec).check(spec.id, spec.mode, "stream")
-    req = await build(st, spec, inner(body))
-    stack, chunks = await open_leased_stream(st, spec.id, req, busy_timeout(body))
+    req = await build(st, spec, inner(body), st.config.max_audio_seconds)
+    stack, chunks = await open_leased_stream(st, spec.id, req, timeout)
     events: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     first: float | None = None
     async with stack:
-        async for chunk in chunks:
-            if first is None:
-                first = time.perf_counter() - t0
-            events.append({**st.adapter(spec).chunk_json(chunk), "is_final": False})
+        try:
+            async for chunk in chunks:
+                if first is None:
+                    first = time.perf_counter() - t0
+                events.append({**st.adapter(spec).chunk_json(chunk), "is_final": False})
+        except SpeechLimitError as exc:
+            raise speech_limit_error(exc, st.config) from None
     if events:
         events[-1]["is_final"] = True
     ttft = None if first is None else round(first * 1000.0, 3)
-    return JSONResponse({"events": events, "result": {"timing": {"ttft_ms": ttft, "wall_ms": round((time.perf_counter() - t0) * 1000, 3)}}})
+    return JSONResponse(
+        {
+            "events": events,
+            "result": {
+                "timing": {"ttft_ms": ttft, "wall_ms": round((time.perf_counter() - t0) * 1000, 3)}
+            },
+        }
+    )
 
 
 __all__ = ["batch", "run", "stream"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,8 @@ from starlette.requests import Request
 
 from core.policy import RuntimeKind
 from server.config import FAMILY_TASKS, ServerConfig
-from server.families import ADAPTERS, ApiError, bad
+from server.families import ADAPTERS
+from server.http.errors import ApiError, bad, show
 from server.metrics import Metrics
 from server.runtime import Runtime
 from server.runtime.errors import NotFoundError
@@ -34,14 +36,16 @@ class ServerState:
     def management_token(self) -> str | None:
         return self.config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN") or None
 
-    def spec(self, model_id: Any, task: str | None = None) -> ModelSpec:
-        """The spec of a model named in a request; 400 if missing, 404 if unknown, 400 on task mismatch."""
+    def spec(self, model_id: Any, task: str | None = None, field: str = "model") -> ModelSpec:
+        """The spec of a model named in a request's ``field``; 400 if missing, 404 if unknown, 400 on task mismatch."""
+        if model_id is None:
+            raise bad(f"'{field}' is required")
         if not isinstance(model_id, str) or not model_id:
-            raise bad("'model' is required")
+            raise bad(f"'{field}' must be a non-empty string naming a model")
         try:
             spec = self.runtime.spec(model_id)
         except NotFoundError:
-            raise ApiError(404, f"unknown model id: {model_id}", "not_found_error") from None
+            raise ApiError(404, f"unknown model id: {show(model_id)}", "not_found_error") from None
         if task is not None and spec.task != task:
             raise bad(f"model '{model_id}' serves task '{spec.task}', not '{task}'")
         return spec
@@ -49,30 +53,49 @@ class ServerState:
     def adapter(self, spec: ModelSpec) -> Any:
         return ADAPTERS[FAMILY_TASKS[spec.family]]
 
+    def is_manager(self, request: Request) -> bool:
+        """Management is on and the request carries the right bearer token."""
+        token = self.management_token
+        if not self.config.ui_management or token is None:
+            return False
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        return secrets.compare_digest(given.encode(), token.encode())
+
     def check_management(self, request: Request) -> None:
         """403 unless management is on and the bearer token matches."""
         if not self.config.ui_management:
             raise ApiError(403, "dynamic model management is disabled", "permission_error")
-        token = self.management_token
-        header = request.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ""
-        if token is None or not secrets.compare_digest(given.encode(), token.encode()):
-            raise ApiError(403, "model management requires a valid bearer token", "permission_error")
+        if not self.is_manager(request):
+            raise ApiError(
+                403, "model management requires a valid bearer token", "permission_error"
+            )
 
     def local_audio(self, path: Any) -> bytes:
-        """Read a server-local audio file, only under the configured ``audio_roots``."""
+        """Read a server-local audio file, only under the configured ``audio_roots`` (blocking: call
+        it in a worker thread). Only regular files, at most ``max_request_body_bytes`` long."""
         if not isinstance(path, str) or not path:
             raise bad("audio path must be a non-empty string")
+        if "\0" in path:
+            raise bad("audio path must not contain NUL bytes")
         if not self.config.audio_roots:
             raise bad("server-local audio paths are disabled (configure audio_roots)")
         real = Path(os.path.realpath(path))
+        limit = self.config.max_request_body_bytes
         for root in self.config.audio_roots:
             root_path = Path(os.path.realpath(root))
             if real == root_path or root_path in real.parents:
                 try:
-                    return real.read_bytes()
+                    # non-blocking open: a FIFO under a root must not hang the worker thread
+                    with os.fdopen(os.open(real, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+                        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                            raise bad("audio path is not a regular file")
+                        data = f.read(limit + 1)
                 except OSError as exc:
                     raise bad(f"cannot read audio path: {exc.strerror}") from None
+                if len(data) > limit:
+                    raise ApiError(413, f"audio file exceeds max_request_body_bytes={limit}")
+                return data
         raise bad("audio path is outside the configured audio_roots")
 
     @property

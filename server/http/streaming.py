@@ -17,6 +17,8 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server.http.errors import ApiError, internal_error
+
 
 def sse(payload: Any) -> bytes:
     """One server-sent event carrying ``payload`` as JSON (or the literal ``[DONE]``)."""
@@ -27,8 +29,16 @@ def sse(payload: Any) -> bytes:
 class LeasedResponse(StreamingResponse):
     """A streaming response whose exit stack (holding the lease) closes when it ends."""
 
-    def __init__(self, body: AsyncIterator[bytes], stack: AsyncExitStack, media_type: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(body, media_type=media_type, headers={"Cache-Control": "no-cache", **(headers or {})})
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        stack: AsyncExitStack,
+        media_type: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            body, media_type=media_type, headers={"Cache-Control": "no-cache", **(headers or {})}
+        )
         self._body = body
         self._stack = stack
 
@@ -44,7 +54,16 @@ class LeasedResponse(StreamingResponse):
 
 
 def sse_error(exc: BaseException) -> bytes:
-    return sse({"type": "error", "error": {"message": str(exc) or type(exc).__name__}})
+    """The error event: a client error's own message; anything else only a logged request id."""
+    if isinstance(exc, ApiError):
+        return sse({"type": "error", "error": {"message": exc.message, "type": exc.error_type}})
+    message, request_id = internal_error(exc, "the stream failed")
+    return sse(
+        {
+            "type": "error",
+            "error": {"message": message, "type": "server_error", "request_id": request_id},
+        }
+    )
 
 
 async def sse_events(payloads: AsyncIterator[Any]) -> AsyncIterator[bytes]:
