@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
-from typing import IO, Any, cast
+from typing import IO
 
 import attrs
 
@@ -59,8 +58,8 @@ def main(args: argparse.Namespace) -> int:
 
     with contextlib.ExitStack() as stack:
         trace: IO[str] | None = stack.enter_context(open(args.trace, "w")) if args.trace else None
-        trio.run(serve, config, trace)
-    return 0
+        code = trio.run(serve, config, trace)
+    return code
 
 
 def limit_blas_threads(threads: int) -> None:
@@ -81,36 +80,8 @@ def limit_blas_threads(threads: int) -> None:
         threadpool_limits(limits=threads, user_api="blas")
 
 
-async def serve(config: ServerConfig, trace: IO[str] | None) -> None:
-    import trio
-    from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
+async def serve(config: ServerConfig, trace: IO[str] | None) -> int:
+    """Serve until SIGINT/SIGTERM, drain within ``shutdown_timeout_s``, tear down (see :mod:`server.http.run`)."""
+    from server.http.run import serve as run_server
 
-    from server.serving import make_app
-
-    app = make_app(config, trace_out=trace)
-    hc = Config()
-    hc.bind = [f"{config.host}:{config.port}"]
-    hc.graceful_timeout = 3600.0
-    hc.accesslog = None
-    hc.errorlog = "-"
-    hc.keep_alive_timeout = 5.0
-
-    async def until_signal() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                print(
-                    "voxpool: shutting down (draining admitted and queued work)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return
-
-    print(
-        f"voxpool: serving {len(config.models)} model(s) on http://{config.host}:{config.port} "
-        f"({config.runtime.value} runtime)",
-        file=sys.stderr,
-        flush=True,
-    )
-    # starlette's ASGIApp and hypercorn's ASGIFramework type the same ASGI callable differently
-    await hypercorn_serve(cast(Any, app), hc, shutdown_trigger=until_signal)
+    return await run_server(config, trace)

@@ -59,9 +59,9 @@ GROUPS = (
     ),
     FrameworkGroup(
         "F4", "Disconnect/shutdown",
-        ("tests/server/test_http_shutdown.py", "tests/server/test_http_concurrency.py"),
+        ("tests/server/test_http_shutdown.py", "tests/server/test_http_concurrency.py",
+         "tests/server/test_http_deadlines.py", "tests/server/test_listener.py"),
         ("disconnect_*", "shutdown_drains_then_refuses"),
-        gaps=("default-listener stalled header / live-body / non-reading response I/O: no mapped test found",),
     ),
     FrameworkGroup(
         "F5", "Multiple models/eviction",

@@ -31,6 +31,8 @@ BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"
 MODES = ("offline", "streaming")
 MAX_JSON_INT = 2**53 - 1
 IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb"}
+CONNECTION_KEYS = ("header_timeout_s", "body_read_timeout_s", "write_timeout_s", "shutdown_timeout_s", "send_buffer_bytes")
+"""Client I/O deadlines and the socket send buffer (docs/server.md, "Slow and stalled clients")."""
 LIMIT_KEYS = ("max_audio_seconds", "max_speech_seconds", "speech_seconds_per_char", "max_sentence_seconds", "max_input_chars")
 """Per-request limits (docs/server.md, "Limits")."""
 LOAD_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
@@ -113,6 +115,11 @@ class ServerConfig:
     speech_seconds_per_char: float = 1.0
     max_sentence_seconds: float = 30.0
     max_input_chars: int = 20_000
+    header_timeout_s: float = 5.0
+    body_read_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+    shutdown_timeout_s: float = 30.0
+    send_buffer_bytes: int = 0
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -256,7 +263,7 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         "host", "port", "cors_origins", "ui_management", "management_token", "backend", "device", "lazy_load",
         "max_request_body_bytes", "busy_timeout_ms", "max_loaded_models", "idle_unload_ms", "memory_budget_mb",
         "max_queue", "audio_roots", "models", "threads", "frontend_listener", "frontend_options", *IGNORED_TOP,
-        *LIMIT_KEYS,
+        *LIMIT_KEYS, *CONNECTION_KEYS,
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -317,6 +324,11 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         speech_seconds_per_char=_seconds(raw, "speech_seconds_per_char", 1.0),
         max_sentence_seconds=_seconds(raw, "max_sentence_seconds", 30.0),
         max_input_chars=_int(raw, "max_input_chars", 20_000, minimum=1),
+        header_timeout_s=_seconds(raw, "header_timeout_s", 5.0),
+        body_read_timeout_s=_seconds(raw, "body_read_timeout_s", 30.0),
+        write_timeout_s=_seconds(raw, "write_timeout_s", 30.0),
+        shutdown_timeout_s=_seconds(raw, "shutdown_timeout_s", 30.0),
+        send_buffer_bytes=_int(raw, "send_buffer_bytes", 0),
     )
 
 

@@ -66,6 +66,12 @@ class Metrics:
             "voxpool_request_seconds", "HTTP request latency", ["model", "route", "status"],
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self.connections_aborted = Counter(
+            "voxpool_connections_aborted", "Connections aborted because a client I/O deadline ran out",
+            ["kind"], registry=self.registry,
+        )
+        for kind in ("header", "body", "write", "shutdown"):
+            self.connections_aborted.labels(kind)
         self._load_started: dict[str, float] = {}
         self._teardown_started: dict[str, float] = {}
 

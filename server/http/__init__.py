@@ -1,1 +1,1 @@
-"""The HTTP app: audio.cpp-shaped API over the runtime (Starlette on anyio, served by hypercorn)."""
+"""The HTTP app: audio.cpp-shaped API over the runtime (Starlette on anyio, served by ``server.http.listener``)."""

@@ -59,9 +59,8 @@ class CancelOnDisconnect:
     queued for a slot leaves the queue (and one running releases its lease when
     its current step ends) instead of holding its place for a client that is
     gone. Once a response has started it is left alone: streaming responses
-    watch for the disconnect themselves, and hypercorn sends ``http.disconnect``
-    from inside the final ``send``, where a cancellation would break its
-    keep-alive bookkeeping (the idle connection would then block shutdown).
+    watch for the disconnect themselves, and the listener aborts a client that
+    stops reading once its write deadline has passed.
     """
 
     def __init__(self, app: ASGIApp) -> None:

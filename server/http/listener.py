@@ -164,9 +164,8 @@ class _Exchange:
     def _next_event(self) -> Any:
         try:
             return self.conn.h11.next_event()
-        except h11.RemoteProtocolError as exc:
-            if not self.conn.eof:
-                self.protocol_error = exc
+        except h11.RemoteProtocolError as exc:  # also a body cut short by the client's EOF:
+            self.protocol_error = exc  # answered with a 400 if the client still reads
             self.disconnect()
             return None
 

@@ -2,7 +2,7 @@
 
 The server runs as a subprocess (``python -m server.cli serve --parallel-jobs``)
 from the repository root, exactly as a user starts it, so these tests exercise
-the CLI, the config loader, hypercorn, the app and the real models together.
+the CLI, the config loader, the listener, the app and the real models together.
 """
 
 from __future__ import annotations
