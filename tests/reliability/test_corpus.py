@@ -10,7 +10,7 @@ import pytest
 
 from tests.reliability.cases import CONFIG, Limits, assert_healthy, error_of
 from tests.reliability.corpus import Case, corpus
-from tests.server.live import HELLO_WAV, LiveServer
+from tests.server.live import AUTH, HELLO_WAV, LiveServer
 
 CASES = corpus(HELLO_WAV.read_bytes(), Limits.from_config(CONFIG))
 
@@ -54,3 +54,16 @@ def test_server_is_healthy_after_the_corpus(
 ) -> None:
     assert_healthy(reliability_server, rel, HELLO_WAV.read_bytes())
     assert "failed: internal error" not in reliability_server.log(), "a request was answered 500"
+
+
+def test_model_paths_are_shown_only_to_management_clients(rel: httpx.Client) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        rows = rel.get("/v1/models", headers=headers).json()["data"]
+        assert rows and all("path" not in row for row in rows)
+    rows = rel.get("/v1/models", headers=AUTH).json()["data"]
+    assert rows and all("path" in row for row in rows)
+
+
+def test_405_allow_names_the_route_method(rel: httpx.Client) -> None:
+    assert rel.get("/v1/audio/speech").headers["allow"] == "POST"
+    assert set(rel.post("/health").headers["allow"].split(", ")) == {"GET", "HEAD"}

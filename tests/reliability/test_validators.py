@@ -9,11 +9,14 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from starlette.requests import Request
 
 from server import audio
+from server.http import errors
 from server.http.body import MAX_JSON_CONTAINERS, integer, number, parse_json
 from server.http.errors import ApiError
 from server.http.routes_audio import audio_input
+from server.http.streaming import sse_error
 from tests.reliability.cases import fmt, noise_wav, pcm_wav, riff
 
 
@@ -213,3 +216,17 @@ def test_decoding_runs_off_the_event_loop() -> None:
     result = anyio.run(main, backend="trio")
     assert result.size == 120 * 16000
     assert ticks >= 10, f"the event loop ran only {ticks} times during the decode"
+
+
+def test_a_500_carries_a_request_id_and_no_internals(caplog: pytest.LogCaptureFixture) -> None:
+    secret = RuntimeError("cannot open /srv/models/secret.bin")
+    request = Request({"type": "http", "method": "GET", "path": "/", "headers": []})
+    resp = anyio.run(errors.server_error, request, secret)
+    body = json.loads(bytes(resp.body))
+    request_id = body["error"]["request_id"]
+    assert resp.status_code == 500 and resp.headers["x-request-id"] == request_id
+    assert "secret" not in bytes(resp.body).decode() and request_id in body["error"]["message"]
+    assert request_id in caplog.text and "secret.bin" in caplog.text  # the log has it, under the id
+    event = sse_error(secret).decode()
+    assert "secret" not in event and '"request_id"' in event
+    assert "max_speech_seconds" in sse_error(ApiError(400, "over max_speech_seconds")).decode()
