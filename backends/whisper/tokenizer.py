@@ -8,6 +8,7 @@ faster-whisper does (so the same ids are suppressed as in the reference).
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -45,6 +46,59 @@ class WhisperTokenizer:
 
     def decode(self, tokens: Iterable[int]) -> str:
         return str(self._tok.decode([t for t in tokens if t < self.eot]))
+
+    def decode_with_timestamps(self, tokens: Iterable[int]) -> str:
+        """Text with timestamp tokens written as ``<|1.23|>`` (other specials decode to nothing)."""
+        parts: list[str | list[int]] = [[]]
+        for token in tokens:
+            if token >= self.timestamp_begin:
+                parts.append(f"<|{(token - self.timestamp_begin) * 0.02:.2f}|>")
+                parts.append([])
+            else:
+                current = parts[-1]
+                assert isinstance(current, list)
+                current.append(token)
+        return "".join(p if isinstance(p, str) else str(self._tok.decode(p)) for p in parts)
+
+    def split_tokens_on_unicode(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        """Cut ``tokens`` wherever the text decoded so far ends on whole characters."""
+        decoded_full = self.decode_with_timestamps(tokens)
+        replacement = "\ufffd"
+        words: list[str] = []
+        word_tokens: list[list[int]] = []
+        current: list[int] = []
+        unicode_offset = 0
+        for token in tokens:
+            current.append(token)
+            decoded = self.decode_with_timestamps(current)
+            index = decoded.find(replacement)
+            if index < 0 or (
+                index + unicode_offset < len(decoded_full)
+                and decoded_full[index + unicode_offset] == replacement
+            ):
+                words.append(decoded)
+                word_tokens.append(current)
+                current = []
+                unicode_offset += len(decoded)
+        return words, word_tokens
+
+    def split_to_word_tokens(self, tokens: Sequence[int]) -> tuple[list[str], list[list[int]]]:
+        """Words (with their leading space) and their tokens: a new word starts at a space,
+        a punctuation mark or a special token (faster-whisper's ``split_tokens_on_spaces``)."""
+        subwords, subword_tokens = self.split_tokens_on_unicode(tokens)
+        words: list[str] = []
+        word_tokens: list[list[int]] = []
+        for subword, ids in zip(subwords, subword_tokens, strict=True):
+            special = ids[0] >= self.eot
+            with_space = subword.startswith(" ")
+            punctuation = subword.strip() in string.punctuation
+            if special or with_space or punctuation or not words:
+                words.append(subword)
+                word_tokens.append(ids)
+            else:
+                words[-1] = words[-1] + subword
+                word_tokens[-1].extend(ids)
+        return words, word_tokens
 
     def non_speech_tokens(self) -> tuple[int, ...]:
         """Ids of symbols that are never speech (speaker tags, music notes, brackets)."""
