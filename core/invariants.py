@@ -1,4 +1,4 @@
-"""Checks of DESIGN.md's invariants over any core state.
+"""Checks of the invariants (docs/reference.md, "Invariants") over any core state.
 
 Each check returns a list of :class:`Violation` (empty when all hold), so the
 simulator and the property tests can run them after every step and report every
@@ -19,7 +19,7 @@ from core.registry import Registry
 
 @attrs.frozen
 class Violation:
-    """One broken invariant: its number in DESIGN.md, the model, and what is wrong."""
+    """One broken invariant: its number in docs/reference.md, the model, and what is wrong."""
 
     invariant: int
     model: str

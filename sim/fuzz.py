@@ -1,4 +1,4 @@
-"""The fuzzer: random workloads against DESIGN.md's invariants, shrunk to a scenario file.
+"""The fuzzer: random workloads against the invariants (docs/reference.md), shrunk to a scenario.
 
 Hypothesis draws small scenarios (the parallel or the original runtime; one
 or two fake models with slots, durations, slow teardowns and load, null-primary

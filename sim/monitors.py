@@ -1,7 +1,7 @@
 """Invariant monitors the runner's state checks cannot see, attached through ``runtime_factory``.
 
-The runner checks core's state at every quiescent step. Some of DESIGN.md's
-invariants are about *decisions* (a request queued that had to be rejected, a
+The runner checks core's state at every quiescent step. Some of the invariants
+(docs/reference.md) are about *decisions* (a request queued that had to be rejected, a
 grant that jumped the queue, a load refused although there was room, a bulk
 unload that waited before freeing idle models) or about the sessions the
 runtime hands out. :func:`monitored` builds a runtime whose trace sink and
@@ -28,7 +28,7 @@ from server.runtime import Runtime
 from server.runtime.ports import ModelSpec
 
 SPEC_RESIDENT = frozenset({ModelState.LOADING, ModelState.READY, ModelState.RECONFIGURING})
-"""DESIGN.md's logical residency: from load start until teardown starts."""
+"""Logical residency (docs/reference.md §4.7): from load start until teardown starts."""
 
 
 MAX_DECISIONS = 5_000

@@ -1,10 +1,10 @@
 """Run a scenario: server.runtime under trio's mock clock, fake sessions, seeded choices.
 
 The runner registers the scenario's fake models, plays its timeline (each
-action is a client task that starts at its virtual time), checks DESIGN.md's
-invariants whenever the simulated system is quiescent, detects stalls (pending
-work with nothing left to wake it: a deadlock), and records every core decision
-and client action in one trace. The same scenario and seed give a
+action is a client task that starts at its virtual time), checks the
+invariants of docs/reference.md whenever the simulated system is quiescent,
+detects stalls (pending work with nothing left to wake it: a deadlock), and
+records every core decision and client action in one trace. The same scenario and seed give a
 byte-identical trace in any process.
 """
 

@@ -1,4 +1,4 @@
-"""DESIGN.md's layering, enforced by reading every module's imports (no execution)."""
+"""The layering of docs/reference.md §0, enforced by reading every module's imports (no execution)."""
 
 from __future__ import annotations
 

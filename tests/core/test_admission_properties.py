@@ -1,4 +1,4 @@
-"""Hypothesis state machine over one model's admission (DESIGN.md invariants 1-3, 8).
+"""Hypothesis state machine over one model's admission (docs/reference.md invariants 1-3, 8).
 
 Rules enqueue requests and managers with random timeouts, release and cancel
 holders and waiters, expire deadlines, try-acquire and resize under management,

@@ -2,7 +2,7 @@
 
 A miniature driver plays the runtime's part: requests, unloads, reconfigurations,
 evictions and idle retirement start jobs (load, run, teardown) that complete or
-fail in any order the strategy picks. After every step DESIGN.md's invariants are
+fail in any order the strategy picks. After every step the invariants (docs/reference.md) are
 checked on the whole registry; at the end everything drains to quiescence.
 """
 

@@ -2,8 +2,8 @@
 
 Each mutant is a context manager that monkeypatches one method (or property) of
 core or ``server.runtime`` for the duration of the block and restores it after.
-Each reintroduces exactly one bug from the reference
-(docs/reference-cases.md maps its sections): §3.9 (the v1 scheduler),
+Each reintroduces exactly one bug from the reference (docs/reference.md;
+docs/reference-cases.md maps its cases to tests): §3.9 (the v1 scheduler),
 §8.1-8.4 and §6.5, plus the three race reports of issue #10 (idle clock,
 abandoned initializer, re-registration reload). The tests in this folder prove that the simulator (its
 scenario files and its fuzzer) catches every one of them, and that the real
