@@ -272,7 +272,8 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
 
 
 def dump(s: Scenario) -> str:
-    """TOML text for ``s`` (the fuzzer writes shrunk failures with this)."""
+    """TOML text for ``s``, every section: the one writer of scenario files (the fuzzer
+    writes its shrunk findings with it); :func:`parse` reads it back to an equal scenario."""
     lines = [f"name = {_toml(s.name)}", f"description = {_toml(s.description)}", f"seed = {s.seed}"]
     if s.scheduling is not None:
         lines.append(f"scheduling = {_toml(s.scheduling)}")
@@ -307,6 +308,12 @@ def dump(s: Scenario) -> str:
         for key in ("session_distinct_from", "session_same_as", "null"):
             if getattr(e, key):
                 lines.append(f"{key} = {_toml(list(getattr(e, key)))}")
+        lines.append("")
+    for first, then in s.order:
+        lines += ["[[order]]", f"first = {_toml(first)}", f"then = {_toml(then)}", ""]
+    for model, counters in s.final.items():
+        lines.append(f"[final.{model}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in counters.items()]
         lines.append("")
     return "\n".join(lines)
 
