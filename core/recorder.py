@@ -15,11 +15,12 @@ from typing import Any
 
 from core.admission import Cancelled, Decision, Granted, Queued, Rejected, Released, Wakeups
 from core.bulk import BulkUnload
+from core.entry import ModelEntry
 from core.events import Reason, TraceRecord
 from core.lease import LeaseKind
 from core.lifecycle import Abandoned, LoadOutcome, Nothing, Proceed, StartLoad, Teardown, WaitLoad
 from core.policy import RuntimeKind
-from core.registry import Existing, ModelEntry, Registered, Registry
+from core.registry import Existing, Registered, Registry
 from core.residency import Eviction, ResidencyLimits, RoomDecision, retire_idle
 
 Sink = Callable[[TraceRecord], None]

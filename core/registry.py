@@ -18,48 +18,12 @@ from typing import Any
 import attrs
 
 from core.admission import Admission, Granted
-from core.events import Reason
+from core.entry import ModelEntry
 from core.guard import GuardAdmission
 from core.lease import Lease
-from core.lifecycle import Lifecycle, Nothing, Proceed, StartLoad, Teardown, WaitLoad
+from core.lifecycle import Lifecycle, Proceed, StartLoad, WaitLoad
 from core.policy import RuntimeKind
 from core.residency import ResidencyLimits, RoomDecision, make_room
-
-
-@attrs.define
-class ModelEntry:
-    """One registered model: its admission queue, lifecycle and accounting."""
-
-    id: str
-    order: int
-    admission: Admission
-    lifecycle: Lifecycle
-    memory_bytes: int = 0
-    last_used: float = 0.0
-    config: Any = None
-    capacity: int | None = None
-
-    @property
-    def resident(self) -> bool:
-        return self.lifecycle.resident
-
-    def commit_reconfigure(
-        self, slots: int, config: Any = None, memory_bytes: int | None = None
-    ) -> Teardown | Nothing:
-        """Under the exclusive lease: resize, start a new generation and swap the config.
-
-        Requests admitted before the barrier ran on the old generation; every
-        request admitted after it binds the new one. The old pool, if any, must be
-        torn down (the returned :class:`Teardown`) before the new one loads, and
-        the new configuration's memory estimate (if given) is what its load is
-        measured against.
-        """
-        generation = self.admission.configure(slots)
-        self.config = config if config is not None else self.config
-        if memory_bytes is not None:
-            self.memory_bytes = memory_bytes
-        self.capacity = None
-        return self.lifecycle.commit_reconfigure(generation)
 
 
 @attrs.frozen
@@ -90,14 +54,6 @@ class Existing:
     """The id is registered already: queue as a manager on this entry instead."""
 
     entry: ModelEntry
-
-
-@attrs.frozen
-class Refused:
-    """A cold load refused for lack of room (HTTP 503)."""
-
-    reason: Reason
-    message: str
 
 
 class Registry:

@@ -14,17 +14,15 @@ keeps the evictions it made before failing).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from core.admission import Granted
+from core.entry import ModelEntry
 from core.events import Reason
 from core.lease import Lease
 from core.lifecycle import ModelState, StartLoad
-
-if TYPE_CHECKING:
-    from core.registry import ModelEntry, Registry
 
 
 @attrs.frozen
@@ -33,6 +31,17 @@ class ResidencyLimits:
 
     max_loaded_models: int = 0
     memory_budget: int = 0
+
+
+class Models(Protocol):
+    """What the residency rules read of the registry: its limits, entries and tickets."""
+
+    @property
+    def limits(self) -> ResidencyLimits: ...
+
+    def entries(self) -> tuple[ModelEntry, ...]: ...
+
+    def new_ticket(self) -> int: ...
 
 
 @attrs.frozen
@@ -58,7 +67,7 @@ class RoomDecision:
     retry: StartLoad | None = None
 
 
-def make_room(registry: Registry, incoming: ModelEntry, now: float) -> RoomDecision:
+def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecision:
     """Take the idle LRU victims needed so that ``incoming`` fits the limits, or refuse."""
     limits = registry.limits
     others = [e for e in registry.entries() if e is not incoming and e.resident]
@@ -110,7 +119,7 @@ def make_room(registry: Registry, incoming: ModelEntry, now: float) -> RoomDecis
     return RoomDecision(evictions=tuple(evictions))
 
 
-def retire_idle(registry: Registry, now: float, idle_seconds: float) -> tuple[Eviction, ...]:
+def retire_idle(registry: Models, now: float, idle_seconds: float) -> tuple[Eviction, ...]:
     """Idle retirement: take every ready model unused for ``idle_seconds`` that is idle now."""
     if idle_seconds <= 0:
         return ()

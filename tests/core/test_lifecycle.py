@@ -12,6 +12,7 @@ import pytest
 
 from core.admission import Granted, Queued
 from core.bulk import BulkDone, BulkUnload, UnloadNow, WaitForGrant
+from core.entry import ModelEntry
 from core.events import Reason
 from core.invariants import check_quiescent, check_registry
 from core.lifecycle import (
@@ -26,7 +27,7 @@ from core.lifecycle import (
 )
 from core.policy import Invalid, validate_slots
 from core.recorder import Core
-from core.registry import Existing, ModelEntry, Registered, Registry
+from core.registry import Existing, Registered, Registry
 from core.residency import ResidencyLimits, RoomDecision, retire_idle
 
 

@@ -182,10 +182,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                     self.load_waiters.pop(retry.ticket)
                     left = e.lifecycle.abandon_wait(retry.ticket)
                     assert left.left is Left.INITIALIZER
+                    if left.retry is None:  # nobody left to load: unloaded, not stuck loading
+                        assert e.lifecycle.state is ModelState.UNLOADED and not e.lifecycle.load_waiters
                     self.finish_holder(job.model, retry.ticket)
                     retry = left.retry
-                    if retry is None:
-                        assert e.lifecycle.state is ModelState.UNLOADED and not e.lifecycle.load_waiters
                 if retry is not None:
                     self.load_waiters.pop(retry.ticket)
                     self.on_room(job.model, retry.ticket, self.reg.begin_load(e, retry, self.now))
