@@ -22,7 +22,7 @@ from core.events import Reason, busy_message
 from core.lease import Lease
 from core.lifecycle import Proceed, Teardown, WaitLoad
 from core.policy import SLOTS_REQUIRE_PARALLEL_MESSAGE, Invalid, RuntimeKind, validate_slots
-from core.pool import capacity_message
+from core.pool import MAX_PARALLEL_SESSIONS, capacity_message
 from core.registry import ModelStatus, Registered
 from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.ports import ModelSpec
@@ -214,7 +214,7 @@ class Management:
             try:
                 primary = await self.provider.create(factory)
                 try:
-                    capacity = min(factory.capacity(), 16)
+                    capacity = min(factory.capacity(), MAX_PARALLEL_SESSIONS)
                 finally:
                     await self.provider.close(primary)
             finally:

@@ -19,6 +19,7 @@ retirement, shutdown) is in :mod:`server.runtime.management`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -50,6 +51,8 @@ from server.runtime.errors import BusyError, LoadError, NotFoundError
 from server.runtime.management import Management
 from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
 from server.runtime.waits import WaitTable
+
+log = logging.getLogger("voxpool.runtime")
 
 
 @attrs.frozen
@@ -380,8 +383,7 @@ class Runtime(Management):
                     else:
                         action = builder.clone_created(session)
                 else:
-                    for session in action.sessions:
-                        await self.provider.close(session)
+                    await self.close_all(action.sessions)
                     raise LoadError(action.reason, action.message)
         except BaseException:
             await self.provider.release(spec, factory)
@@ -396,9 +398,22 @@ class Runtime(Management):
         if busy:
             self.violations.append(f"'{model}' torn down while slots {busy} are in use")
         with anyio.CancelScope(shield=True):
-            for session in live.pool.teardown_order():
-                await self.provider.close(session)
+            await self.close_all(live.pool.teardown_order())
             await self.provider.release(live.spec, live.factory)
+
+    async def close_all(self, sessions: Sequence[Session]) -> int:
+        """Close ``sessions`` in the order given (clones before their primary), every one of
+        them even if some close fails, so a rollback and a teardown both end with nothing
+        open on the weights and the lifecycle moving on. A failure is logged, never raised
+        (the pool is gone either way); the number of failed closes is returned."""
+        failed = 0
+        for session in sessions:
+            try:
+                await self.provider.close(session)
+            except Exception:
+                failed += 1
+                log.exception("closing a session failed; the other sessions are closed anyway")
+        return failed
 
     # --------------------------------------------------------- session work
     async def run_on(self, held: Held, request: Any) -> Any:

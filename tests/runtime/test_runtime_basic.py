@@ -243,3 +243,28 @@ def test_fake_factory_builds_pools_synchronously_too() -> None:
     pool = build_pool(factory, 3)
     assert pool.size == 3 and len({s.sid for s in pool.sessions}) == 3  # type: ignore[attr-defined]
     assert provider.live_sessions["m"] == 3
+
+
+def test_a_failing_session_close_does_not_stop_the_teardown() -> None:
+    """One close that raises: the other sessions still close, the weights are released, and
+    the unload finishes (the model is not left 'unloading')."""
+    attempts: list[int] = []
+
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> Any:
+        await rt.run("m", {"duration": 0.1})
+        real_close = fp.close
+
+        async def flaky_close(session: Any) -> None:
+            attempts.append(session.sid)
+            if len(attempts) == 1:
+                raise RuntimeError("injected close failure")
+            await real_close(session)
+
+        fp.close = flaky_close  # type: ignore[method-assign]
+        await rt.unload("m")
+        return rt.status_of("m")
+
+    row, rt, fp = simulate(body, specs=[ModelSpec("m", "fake", slots=3)])
+    assert len(attempts) == 3, "every session of the pool was closed, the failing one included"
+    assert row.state == "unloaded" and not row.loaded
+    assert fp.live_weights["m"] == 0 and fp.live_sessions["m"] == 1  # only the failed close is left
