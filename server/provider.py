@@ -74,10 +74,10 @@ def check_backends(specs: Iterable[ModelSpec]) -> None:
 
 
 def weight_key(spec: ModelSpec) -> WeightKey:
-    """What identifies a loaded factory: family, path, options and mode, on a backend/device."""
-    options = ",".join(f"{k}={v}" for k, v in sorted(spec.load_options.items()))
-    source = f"{spec.family}:{spec.path}:{spec.mode}:{options}"
-    return WeightKey(source=source, backend=spec.backend, device=spec.device)
+    """The weight cache's key for ``spec``: :meth:`ModelSpec.weight_key` as a cache key."""
+    family, path, mode, backend, device, options = spec.weight_key()
+    source = f"{family}:{path}:{mode}:" + ",".join(f"{k}={v}" for k, v in options)
+    return WeightKey(source=source, backend=backend, device=device)
 
 
 class ThreadedProvider:

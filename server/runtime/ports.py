@@ -45,8 +45,10 @@ class ModelSpec:
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_options, eq=False)
 
     def weight_key(self) -> tuple[Any, ...]:
-        """What identifies the immutable weights."""
-        return (self.family, self.path, self.backend, self.device, sorted(self.load_options.items()))
+        """What identifies the immutable weights (a loaded factory): family, path, mode (a
+        family may load differently per mode), backend, device and load options. The one
+        definition: the provider's weight cache keys on it too."""
+        return (self.family, self.path, self.mode, self.backend, self.device, sorted(self.load_options.items()))
 
     def session_key(self) -> tuple[Any, ...]:
         """What identifies the sessions built on those weights (and so their capacity)."""
