@@ -124,14 +124,21 @@ def validate_slots_for_runtime(runtime: RuntimeKind, value: object) -> Valid | I
     return validate_slots(value)
 
 
+TIMEOUT_MS_MAX = 2**53 - 1
+"""The largest ``busy_timeout_ms`` (the largest integer a JSON double holds exactly)."""
+
+
 def validate_timeout_ms(value: object, name: str = "busy_timeout_ms") -> Valid | Invalid:
-    """Validate a millisecond duration from JSON: a non-negative integer (0 = unbounded)."""
+    """The one rule for a ``busy_timeout_ms`` (server, model or request; reference §2.5): an
+    integer 0..:data:`TIMEOUT_MS_MAX` (0 = unbounded, or for a request: keep the ceiling); an
+    integral float is that integer; booleans, fractions and anything else are invalid. The
+    config file and the HTTP body parse their own syntax, then apply this."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer() and value >= 0:
-            return Valid(int(value))
-        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be a non-negative integer")
-    if value < 0:
-        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be >= 0 (0 disables the guard)")
+        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}")
+    if not 0 <= value <= TIMEOUT_MS_MAX:
+        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}")
     return Valid(value)
 
 

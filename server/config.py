@@ -23,7 +23,13 @@ from typing import Any
 
 import attrs
 
-from core.policy import MISSING, Invalid, RuntimeKind, validate_slots_for_runtime
+from core.policy import (
+    MISSING,
+    Invalid,
+    RuntimeKind,
+    validate_slots_for_runtime,
+    validate_timeout_ms,
+)
 from server.runtime.ports import ModelSpec
 
 FAMILY_TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
@@ -151,6 +157,14 @@ def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0, wh
     return value
 
 
+def _timeout_ms(raw: Mapping[str, Any], key: str, default: int, where: str = "") -> int:
+    """A busy timeout in the config file: core.policy's one rule."""
+    check = validate_timeout_ms(raw.get(key, default), key)
+    if isinstance(check, Invalid):
+        raise ConfigError(f"{where}{check.message}")
+    return check.value
+
+
 def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
     """A positive, finite number (a request limit)."""
     value = raw.get(key, default)
@@ -234,7 +248,7 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
         raise ConfigError(f"{where}model directory {model_dir!r} does not exist")
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
-        busy = _int(raw, "busy_timeout_ms", 0, where=where)
+        busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
     dro = _options(raw, "default_request_options", where)
     return ModelConfig(
         id=model_id,
@@ -310,7 +324,7 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
         device=str(raw.get("device", 0)),
         lazy_load=_bool(raw, "lazy_load", True),
         max_request_body_bytes=_int(raw, "max_request_body_bytes", 64 * 1024 * 1024),
-        busy_timeout_ms=_int(raw, "busy_timeout_ms", 300_000),
+        busy_timeout_ms=_timeout_ms(raw, "busy_timeout_ms", 300_000),
         max_loaded_models=_int(raw, "max_loaded_models", 0),
         idle_unload_ms=_int(raw, "idle_unload_ms", 0),
         memory_budget_mb=_int(raw, "memory_budget_mb", 0),

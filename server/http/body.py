@@ -14,7 +14,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.config import MAX_JSON_INT
+from core.policy import TIMEOUT_MS_MAX
 from server.http.errors import ApiError, bad, error_response, show
 
 DRAIN_BYTES = 1024 * 1024
@@ -291,8 +291,9 @@ def number(
 
 
 def busy_timeout(body: Mapping[str, Any]) -> int | None:
-    """The request's ``busy_timeout_ms`` override: an integer >= 0 (0 = use the ceiling)."""
-    return integer(body, "busy_timeout_ms", 0, MAX_JSON_INT)
+    """The request's ``busy_timeout_ms`` override (0 = keep the ceiling): the form or JSON
+    syntax of :func:`integer`, the range of core.policy's one rule."""
+    return integer(body, "busy_timeout_ms", 0, TIMEOUT_MS_MAX)
 
 
 def string(
