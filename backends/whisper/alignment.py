@@ -63,8 +63,8 @@ class Word:
 class TokenAlignment:
     """What the aligning decoder pass yields for one window's text tokens."""
 
-    text_indices: np.ndarray  # DTW path: token row (-1 before the first), ...
-    time_indices: np.ndarray  # ... and encoder frame (-1 before the first)
+    text_indices: np.ndarray  # DTW path from (0, 0): token row of each step ...
+    time_indices: np.ndarray  # ... and its encoder frame
     token_probs: list[float]  # probability of each text token
 
 
@@ -107,9 +107,9 @@ def median_filter(x: np.ndarray, width: int) -> np.ndarray:
 def negative_dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CTranslate2's ``negative_dtw``: the cheapest monotonic path through ``-x`` (float32 costs).
 
-    Returns the path's (row, column) indices, both starting at -1 on a border when the
-    path begins there. Cells on one anti-diagonal are independent, so each diagonal
-    is computed at once; ties prefer left (``2``) over up (``1``), as the reference.
+    Returns the path's (row, column) indices, from (0, 0) to the last cell. Cells on
+    one anti-diagonal are independent, so each diagonal is computed at once; ties
+    go to the left move, then up, as in the reference.
     """
     n, m = x.shape
     inf = np.float32(np.inf)
