@@ -84,7 +84,10 @@ class TraceRecord:
     """One line of a trace: a core call and the decision it produced.
 
     ``seq`` orders records; ``t`` is the caller's clock (virtual in the simulator).
-    ``args`` and ``decision`` hold JSON-serialisable values only.
+    ``decision`` is a short summary for people; ``fields`` is the same decision as
+    typed, JSON-serialisable values (tickets, slots, victims, wake-ups: see
+    :mod:`core.recorder`), which metrics, pictures, monitors and replay read.
+    ``args``, ``decision`` and ``fields`` hold JSON-serialisable values only.
     """
 
     seq: int
@@ -94,6 +97,7 @@ class TraceRecord:
     args: Mapping[str, Any] = attrs.field(factory=dict)
     decision: str = ""
     reason: str = ""
+    fields: Mapping[str, Any] = attrs.field(factory=dict)
 
     def to_json(self) -> str:
         """One JSON line with stable field order (sorted keys inside ``args``)."""
@@ -106,6 +110,7 @@ class TraceRecord:
                 "args": dict(self.args),
                 "decision": self.decision,
                 "reason": self.reason,
+                "fields": dict(self.fields),
             },
             sort_keys=False,
             separators=(",", ":"),
@@ -124,4 +129,5 @@ class TraceRecord:
             args=dict(raw.get("args", {})),
             decision=str(raw.get("decision", "")),
             reason=str(raw.get("reason", "")),
+            fields=dict(raw.get("fields", {})),
         )

@@ -9,7 +9,9 @@ when all match.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -79,18 +81,23 @@ def replay(
         if len(out) != before + 1:
             return ReplayResult(count, Divergence(rec, "<no decision>", ""))
         got = out[-1]
-        if (got.decision, got.reason) != (rec.decision, rec.reason):
+        same_fields = not rec.fields or _plain(got.fields) == _plain(rec.fields)  # older traces have none
+        if (got.decision, got.reason) != (rec.decision, rec.reason) or not same_fields:
             return ReplayResult(count, Divergence(rec, got.decision, got.reason))
     return ReplayResult(count, None)
+
+
+def _plain(value: Any) -> Any:
+    """JSON's view of a value (tuples are lists), so a record compares equal to its parsed line."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _force_choices(core: Core, rec: TraceRecord) -> None:
     """On the original runtime, hand the lock to the waiters the recording chose."""
     entry = core.registry.get(rec.model) if rec.model else None
-    if entry is None or not isinstance(entry.admission, GuardAdmission) or "granted=[" not in rec.decision:
+    if entry is None or not isinstance(entry.admission, GuardAdmission) or "granted" not in rec.fields:
         return
-    inner = rec.decision.split("granted=[", 1)[1].split("]", 1)[0]
-    entry.admission.forced = [int(item.split(":")[0]) for item in inner.split(",") if item]
+    entry.admission.forced = [int(ticket) for ticket, _slot in rec.fields["granted"]]
 
 
 def _apply(core: Core, rec: TraceRecord) -> None:

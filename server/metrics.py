@@ -76,44 +76,34 @@ class Metrics:
         self._teardown_started: dict[str, float] = {}
 
     def observe(self, r: TraceRecord) -> None:
-        """Update counters from one decision record."""
+        """Update counters from one decision record (its typed ``fields``, never its summary text)."""
+        f = r.fields
         if r.event in ("request", "manage"):
             kind = "request" if r.event == "request" else "management"
-            decision = r.decision.split(" ", 1)[0]
-            self.admissions.labels(r.model, kind, decision).inc()
-            if decision == "rejected":
+            self.admissions.labels(r.model, kind, f["outcome"]).inc()
+            if f["outcome"] == "rejected":
                 self.rejections.labels(r.model, r.reason).inc()
-        elif r.event in ("expire", "release", "cancel") and "expired=[" in r.decision:
-            expired = r.decision.split("expired=[", 1)[1].split("]", 1)[0]
-            if expired:
-                self.rejections.labels(r.model, "queue_timeout").inc(len(expired.split(",")))
-        elif r.event in ("ensure_loaded", "begin_load"):
-            if " load=" in r.decision:
+        elif r.event in ("expire", "release", "cancel") and f.get("expired"):
+            self.rejections.labels(r.model, "queue_timeout").inc(len(f["expired"]))
+        elif r.event in ("ensure_loaded", "begin_load") and f.get("outcome") in ("room", "refused"):
+            if f["load"] is not None:
                 self._load_started[r.model] = r.t
-            for victim in self._evictions(r.decision):
+            for victim, _ticket in f["evict"]:
                 self._teardown_started[victim] = r.t
         elif r.event in ("load_succeeded", "load_failed"):
             start = self._load_started.pop(r.model, None)
             if start is not None:
                 outcome = "ok" if r.event == "load_succeeded" else "failed"
                 self.load_seconds.labels(r.model, outcome).observe(max(0.0, r.t - start))
-        elif r.event in ("begin_unload", "commit_reconfigure") and r.decision.startswith("teardown"):
+        elif r.event in ("begin_unload", "commit_reconfigure") and f.get("teardown") is not None:
             self._teardown_started[r.model] = r.t
         elif r.event == "retire_idle":
-            for item in r.decision.strip("[]").split(","):
-                if item:
-                    self._teardown_started[item.split(":")[0]] = r.t
+            for victim, _ticket in f["evict"]:
+                self._teardown_started[victim] = r.t
         elif r.event == "unload_finished":
             start = self._teardown_started.pop(r.model, None)
             if start is not None:
                 self.teardown_seconds.labels(r.model).observe(max(0.0, r.t - start))
-
-    @staticmethod
-    def _evictions(decision: str) -> list[str]:
-        if "evict=[" not in decision:
-            return []
-        inner = decision.split("evict=[", 1)[1].split("]", 1)[0]
-        return [item.split(":")[0] for item in inner.split(",") if item]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -87,7 +87,7 @@ class Monitor:
             return
         adm = entry.admission
         fifo = getattr(rt.config, "kind", RuntimeKind.PARALLEL) is RuntimeKind.PARALLEL
-        if fifo and r.event == "request" and r.decision.startswith("queued"):
+        if fifo and r.event == "request" and r.fields.get("outcome") == "queued":
             timeout = float(r.args["timeout"])
             since = [s for _, s in adm.occupied().values()]
             if adm.exclusive_ticket is None and timeout > 0 and since and all(r.t - s > timeout for s in since):

@@ -2,9 +2,10 @@
 
 Everything comes from the run's trace, so a trace is enough to draw (the
 runner's outcomes only name the scenario). Who held which slot is read from
-core's decisions: a request record says ``granted slot=N`` at once, or
-``queued``, and a later release / expire / cancel record grants it with
-``granted=[ticket:slot,...]``. A client action owns the ticket created in the
+core's decisions, read from each record's typed ``fields`` (never its summary
+text): a request record is ``granted`` with its slot at once, or ``queued``,
+and a later release / expire / cancel record grants it among its wake-ups
+(``granted``: ``[ticket, slot]`` pairs). A client action owns the ticket created in the
 same trio step as its ``action`` record, which is the very next record (the
 runtime asks core for a ticket before its first checkpoint), or the ticket of
 the ``register`` / ``bulk_publish`` record that follows instead.
@@ -24,11 +25,10 @@ count them.
 
 from __future__ import annotations
 
-import ast
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -51,11 +51,6 @@ LOAD_COLOUR = "#1565c0"
 TEARDOWN_COLOUR = "#6d4c41"
 QUEUE_COLOURS = ("#1e88e5", "#8e24aa", "#00897b", "#f4511e", "#6d4c41", "#c0ca33", "#3949ab", "#d81b60")
 
-_WAKEUPS = re.compile(r"granted=\[([^\]]*)\] expired=\[([^\]]*)\]")
-_SLOT = re.compile(r"granted slot=(\w+)")
-_EVICT = re.compile(r"evict=\[([^\]]*)\]")
-_LOAD = re.compile(r"\bload=(\d+)")
-_BULK = re.compile(r"tickets=(\{[^}]*\}) ready=(\[[^\]]*\])")
 
 
 @attrs.define
@@ -103,11 +98,6 @@ def outcome_colour(outcome: str) -> str:
     return OUTCOME_COLOURS.get(outcome, PENDING_COLOUR)
 
 
-def _pairs(text: str) -> list[tuple[str, str]]:
-    """``"a:1,b:2"`` -> [("a", "1"), ("b", "2")] (split at the last colon: model ids may hold one)."""
-    return [tuple(item.rsplit(":", 1)) for item in text.split(",") if item]  # type: ignore[misc]
-
-
 class _Reader:
     """Walks a trace once and collects tickets, lifecycle spans, actions and queue depth."""
 
@@ -143,9 +133,9 @@ class _Reader:
         if self._armed is not None:
             info.action = self._armed
 
-    def grant(self, info: _Ticket, t: float, slot: str) -> None:
+    def grant(self, info: _Ticket, t: float, slot: int | None) -> None:
         info.granted = t
-        info.slot = None if slot == "x" else int(slot)
+        info.slot = slot
         if info.slot is not None:
             self.slots[info.model] = max(self.slots.get(info.model, 1), info.slot + 1)
         self.unqueue(info, t)
@@ -168,16 +158,13 @@ class _Reader:
         else:
             series.append((t, n))
 
-    def wakeups(self, text: str, t: float) -> None:
-        m = _WAKEUPS.search(text)
-        if m is None:
-            return
-        for ticket, slot in _pairs(m.group(1)):
+    def wakeups(self, fields: Mapping[str, Any], t: float) -> None:
+        for ticket, slot in fields.get("granted", ()):
             info = self.tickets.get(int(ticket))
             if info is not None:
                 self.grant(info, t, slot)
-        for ticket in m.group(2).split(","):
-            info = self.tickets.get(int(ticket)) if ticket else None
+        for ticket in fields.get("expired", ()):
+            info = self.tickets.get(int(ticket))
             if info is not None:
                 info.ended = t
                 self.unqueue(info, t)
@@ -190,19 +177,19 @@ class _Reader:
         if start is not None:
             self.spans.append((model, what, start, t))
 
-    def evictions(self, text: str, t: float, kind: str) -> None:
-        for model, ticket in _pairs(text):
+    def evictions(self, victims: Iterable[tuple[str, int]], t: float, kind: str) -> None:
+        for model, ticket in victims:
             info = self.ticket(int(ticket), model, kind, t)
-            self.grant(info, t, "x")
+            self.grant(info, t, None)
             self.open_span(model, "teardown", t)
 
     def admission(self, rec: TraceRecord, kind: str) -> None:
         info = self.ticket(int(rec.args["ticket"]), rec.model, kind, rec.t)
         self.own(info)
-        m = _SLOT.match(rec.decision)
-        if m is not None:
-            self.grant(info, rec.t, m.group(1))
-        elif rec.decision.startswith("queued"):
+        outcome = rec.fields.get("outcome")
+        if outcome == "granted":
+            self.grant(info, rec.t, rec.fields["slot"])
+        elif outcome == "queued":
             self.enqueue(info, rec.t)
         else:
             info.ended = rec.t
@@ -226,59 +213,53 @@ class _Reader:
             return
         if ev in ("new_ticket", "stop_admitting"):
             return  # the call that uses the ticket (a shutdown's bulk_publish) follows in the same step
-        if ev == "register" and not d.startswith("registered"):
+        if ev == "register" and rec.fields.get("outcome") != "registered":
             self.model(rec.model)
             return  # an existing id: the reconfigure's own new_ticket follows
         self.core_call(rec)
         self._armed = None
 
     def core_call(self, rec: TraceRecord) -> None:
-        ev, t, d = rec.event, rec.t, rec.decision
+        ev, t, f = rec.event, rec.t, rec.fields
         if ev == "register":
             self.model(rec.model)
             self.slots[rec.model] = max(self.slots[rec.model], int(rec.args.get("slots", 1)))
-            info = self.ticket(int(d.split("=", 1)[1]), rec.model, "register", t)
+            info = self.ticket(int(f["ticket"]), rec.model, "register", t)
             self.own(info)
-            self.grant(info, t, "x")
+            self.grant(info, t, None)
         elif ev in ("request", "manage", "try_acquire"):
             self.admission(rec, "request" if ev == "request" else "manage")
         elif ev == "bulk_publish":
-            m = _BULK.search(d)
-            if m is not None:
-                tickets: dict[str, int] = ast.literal_eval(m.group(1))
-                ready: list[str] = ast.literal_eval(m.group(2))
-                for model, ticket in tickets.items():
-                    info = self.ticket(int(ticket), model, "bulk", t)
-                    self.own(info)
-                    if model in ready:
-                        self.grant(info, t, "x")
-                    else:
-                        self.enqueue(info, t)
+            for model, ticket in f.get("tickets", {}).items():
+                info = self.ticket(int(ticket), model, "bulk", t)
+                self.own(info)
+                if model in f.get("ready", ()):
+                    self.grant(info, t, None)
+                else:
+                    self.enqueue(info, t)
         elif ev in ("release", "cancel"):
             held = self.tickets.get(int(rec.args["ticket"]))
             if held is not None:
                 held.ended = t
                 self.unqueue(held, t)
-            self.wakeups(d, t)
+            self.wakeups(f, t)
         elif ev == "expire":
-            self.wakeups(d, t)
+            self.wakeups(f, t)
         elif ev in ("ensure_loaded", "begin_load"):
-            evicted = _EVICT.search(d)
-            if evicted is not None:
-                self.evictions(evicted.group(1), t, "evict")
-            if _LOAD.search(d) is not None:
+            self.evictions(f.get("evict", ()), t, "evict")
+            if f.get("load") is not None:
                 self.open_span(rec.model, "load", t)
         elif ev in ("load_succeeded", "load_failed"):
             self.close_span(rec.model, "load", t)
         elif ev in ("begin_unload", "commit_reconfigure"):
-            if d.startswith("teardown"):
+            if f.get("teardown") is not None:
                 self.open_span(rec.model, "teardown", t)
             if ev == "commit_reconfigure":
                 self.slots[rec.model] = max(self.slots[rec.model], int(rec.args.get("slots", 1)))
         elif ev == "unload_finished":
             self.close_span(rec.model, "teardown", t)
         elif ev == "retire_idle":
-            self.evictions(d.strip("[]"), t, "retire")
+            self.evictions(f.get("evict", ()), t, "retire")
 
 
 

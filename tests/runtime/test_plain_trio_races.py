@@ -82,7 +82,7 @@ async def one_run() -> tuple[bool, bool]:
             served = rt.core.entry("m").lifecycle.state is ModelState.READY
         if not served:
             rt.closed = True  # a wedged model cannot be unloaded: leave without the final teardown
-    hit = any(r.event == "abandon_wait" and r.decision.startswith("initializer") for r in records)
+    hit = any(r.event == "abandon_wait" and r.fields["left"] == "initializer" for r in records)
     return served, hit
 
 

@@ -21,7 +21,6 @@ import contextlib
 import itertools
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -362,10 +361,9 @@ def serving(config: Path, log_dir: Path) -> Iterator[GatedServer]:
 
 def granted_in(record: TraceRecord) -> list[int]:
     """Tickets a trace record granted a slot: its own (request, manage) or its wake-ups'."""
-    if record.event in ("request", "manage") and record.decision.startswith("granted"):
-        return [int(record.args["ticket"])]
-    found = re.search(r"granted=\[([^\]]*)\]", record.decision)
-    return [int(item.split(":")[0]) for item in found.group(1).split(",") if item] if found else []
+    if record.event in ("request", "manage"):
+        return [int(record.args["ticket"])] if record.fields.get("outcome") == "granted" else []
+    return [int(ticket) for ticket, _slot in record.fields.get("granted", ())]
 
 
 def granted_at(records: Sequence[TraceRecord], ticket: int) -> int:

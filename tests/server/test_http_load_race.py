@@ -79,4 +79,4 @@ def test_client_leaving_as_the_first_load_fails_leaves_the_model_serving(server_
                 assert unloaded.status_code == 200, unloaded.text
         left = [r for r in server.trace() if r.event == "abandon_wait"]
         assert left, "B never reached the wait for A's load"
-        assert all(r.decision.split()[0] in ("waiter", "initializer", "nothing") for r in left)
+        assert all(r.fields["left"] in ("waiter", "initializer", "nothing") for r in left)
