@@ -22,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int)
     serve.add_argument("--parallel-jobs", action="store_true", help="select the parallel runtime")
     serve.add_argument("--trace", help="write the runtime trace (JSON lines) to this file")
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="voxpool's log on stderr: info has one access line per request (status polls at debug)",
+    )
 
     run = sub.add_parser("run", help="run one model once (tts, asr, vad)")
     run.add_argument("task", choices=["tts", "asr", "vad"])

@@ -3,13 +3,16 @@
 With no ``--config`` it serves the embedded default: the three bundled models
 on numpy, lazily loaded, on 127.0.0.1:8080. ``--parallel-jobs`` selects the
 parallel runtime (fixed for the process); without it any explicit ``slots``
-in the config is a startup error, as in audio.cpp.
+in the config is a startup error, as in audio.cpp. ``--log-level`` sets how
+much of voxpool's log (``voxpool.*`` loggers: the access log, errors with
+their request ids) goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from typing import IO
@@ -20,8 +23,27 @@ from core.policy import select_runtime
 from server.config import ConfigError, ServerConfig, embedded_default, load_config
 from server.provider import BackendUnavailable, check_backends
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_HANDLER = "voxpool-stderr"
+
+
+def configure_logging(level: str) -> None:
+    """voxpool's loggers at ``level`` (debug, info, warning, error), other libraries' at
+    warning or above, one handler on stderr."""
+    threshold = logging.getLevelNamesMapping()[level.upper()]
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == LOG_HANDLER]:
+        root.removeHandler(old)  # called again in one process (tests): one handler, not two
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(LOG_HANDLER)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(max(threshold, logging.WARNING))
+    logging.getLogger("voxpool").setLevel(threshold)
+
 
 def main(args: argparse.Namespace) -> int:
+    configure_logging(getattr(args, "log_level", "info"))
     runtime_kind = select_runtime(bool(args.parallel_jobs))
     try:
         config = (

@@ -1,26 +1,73 @@
-"""Build the ASGI app: routes, error handlers, body limit, CORS, latency metrics, lifespan."""
+"""Build the ASGI app: routes, the page, error handlers, body limit, CORS, request ids,
+the access log, latency metrics, lifespan."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from pathlib import Path
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.families import ApiError
 from server.http import errors, routes_audio, routes_models, routes_tasks
 from server.http.body import BodyLimit
+from server.http.errors import ApiError
 from server.http.state import ServerState
 from server.runtime.errors import RuntimeErrorBase
 
+access_log = logging.getLogger("voxpool.access")
+
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=/-]{0,127}")
+"""A client's ``X-Request-Id`` that is kept: 1-128 characters, no spaces or controls;
+any other value is replaced by a fresh id."""
+
+QUIET = frozenset({("GET", "/health"), ("GET", "/v1/models"), ("GET", "/metrics")})
+"""Status polls: logged at debug when they succeed (the page polls /v1/models 4 times a second)."""
+
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+
+
+def request_id_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The client's ``X-Request-Id`` when it is sane (:data:`CLIENT_REQUEST_ID`), else a fresh id."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if CLIENT_REQUEST_ID.fullmatch(text) else errors.new_request_id()
+    return errors.new_request_id()
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` for one log line: spaces, controls and non-ASCII escaped, cut to ``limit``."""
+    out = _UNPRINTABLE.sub(
+        lambda m: "".join(f"\\x{b:02x}" for b in m.group().encode("utf-8", "backslashreplace")),
+        text,
+    )
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
 
 class Observe:
-    """ASGI middleware: per-route latency histogram and CORS echo (``cors_origins = "*"``)."""
+    """ASGI middleware: request id, access log, per-route latency histogram, CORS echo.
+
+    Each request gets one id: the client's ``X-Request-Id`` when sane, else a
+    fresh one. It goes in the scope state (``request.state.request_id``) and in
+    :data:`errors.REQUEST_ID`, so a 500's body and its logged traceback name
+    the same id, and back to the client as ``X-Request-Id`` on every response.
+    When the request ends, one line goes to the ``voxpool.access`` logger:
+    method, path, status, duration, model (scope state ``model``, set by the
+    routes) and id; also as the record's attributes of those names, for
+    structured handlers. Status polls (:data:`QUIET`) log at debug, the rest at
+    info; 499 is a client that went away before any response started.
+    """
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app = app
@@ -32,23 +79,55 @@ class Observe:
             return
         t0 = time.perf_counter()
         status = 499  # no response sent: the client went away (cancelled) before one started
-        origin = next((v for k, v in scope.get("headers", []) if k == b"origin"), None)
+        headers = scope.get("headers", [])
+        origin = next((v for k, v in headers if k == b"origin"), None)
         cors = self.state.config.cors_origins == "*" and origin is not None
+        request_id = request_id_of(headers)
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = errors.REQUEST_ID.set(request_id)
 
         async def wrapped(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                out = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
+                ]
+                out.append((b"x-request-id", request_id.encode()))
                 if cors:
-                    message.setdefault("headers", [])
-                    message["headers"] = [*message["headers"], (b"access-control-allow-origin", origin)]
+                    out.append((b"access-control-allow-origin", origin))
+                message["headers"] = out
             await send(message)
 
         try:
             await self.app(scope, receive, wrapped)
         finally:
+            errors.REQUEST_ID.reset(token)
+            seconds = time.perf_counter() - t0
             model = scope.get("state", {}).get("model", "-")
-            self.state.metrics.request_seconds.labels(model, scope.get("path", ""), str(status)).observe(time.perf_counter() - t0)
+            path = scope.get("path", "")
+            self.state.metrics.request_seconds.labels(model, path, str(status)).observe(seconds)
+            method = scope.get("method", "")
+            level = logging.DEBUG if (method, path) in QUIET and status < 400 else logging.INFO
+            if access_log.isEnabledFor(level):
+                access_log.log(
+                    level,
+                    "%s %s %d %.1fms model=%s id=%s",
+                    method,
+                    printable(path),
+                    status,
+                    seconds * 1000.0,
+                    model,
+                    request_id,
+                    extra={
+                        "method": method,
+                        "path": path,
+                        "status": status,
+                        "duration_ms": round(seconds * 1000.0, 3),
+                        "model": model,
+                        "request_id": request_id,
+                    },
+                )
 
 
 class CancelOnDisconnect:
@@ -107,6 +186,41 @@ class CancelOnDisconnect:
             tg.cancel_scope.cancel()
 
 
+PAGE_DIR = Path(__file__).parent / "page"
+PAGE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/page/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/page/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+"""The web page (``server/http/page/``): its paths, files and types, read once at startup."""
+
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "media-src 'self' blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+        "frame-ancestors 'none'"
+    ),
+}
+"""Same-origin only: the page talks to this server's API and nothing else."""
+
+
+def page_routes() -> list[Route]:
+    """``GET /`` (the page) and its assets, served from memory."""
+
+    def serve(body: bytes, media_type: str) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        async def endpoint(request: Request) -> Response:
+            return Response(body, media_type=media_type, headers=PAGE_HEADERS)
+
+        return endpoint
+
+    return [
+        Route(path, serve((PAGE_DIR / name).read_bytes(), media), methods=["GET"])
+        for path, (name, media) in PAGE_FILES.items()
+    ]
+
+
 def build_app(state: ServerState) -> ASGIApp:
     """The ASGI application over ``state``'s runtime."""
 
@@ -119,6 +233,7 @@ def build_app(state: ServerState) -> ASGIApp:
             yield
 
     routes = [
+        *page_routes(),
         Route("/health", routes_models.health, methods=["GET"]),
         Route("/v1/models", routes_models.models, methods=["GET"]),
         Route("/v1/models/load", routes_models.load, methods=["POST"]),

@@ -1,13 +1,17 @@
 """OpenAI-shaped JSON errors: ``{"error": {"message", "type"}}`` with a stable type.
 
 Client errors say what is wrong with the request. A 500 never carries the
-internal exception text: it is logged with a fresh request id, and the
+internal exception text: it is logged under the request's id, and the
 response gives only that id (in the message, ``error.request_id`` and the
-``X-Request-Id`` header), so an operator can find the traceback.
+``X-Request-Id`` header), so an operator can find the traceback. The id is
+the one the app's middleware gave the request (:data:`REQUEST_ID`, also in the
+access log line and every response's ``X-Request-Id``); outside a request a
+fresh one is made.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -21,6 +25,11 @@ from starlette.responses import JSONResponse, Response
 from server.runtime.errors import BusyError, RuntimeErrorBase
 
 log = logging.getLogger("voxpool.http")
+
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "voxpool_request_id", default=None
+)
+"""The id of the request being handled (set by the app's middleware for the request's task)."""
 
 ECHO_CHARS = 80
 """The longest piece of a client's own input quoted back in an error message."""
@@ -74,9 +83,15 @@ def error_response(
     return ErrorJSON({"error": error}, status_code=status, headers=out)
 
 
+def new_request_id() -> str:
+    """A fresh request id: 16 hex digits."""
+    return uuid.uuid4().hex[:16]
+
+
 def internal_error(exc: BaseException, what: str = "internal error") -> tuple[str, str]:
-    """Log ``exc`` with a fresh request id; the client-facing message and the id."""
-    request_id = uuid.uuid4().hex[:16]
+    """Log ``exc`` under the request's id (:data:`REQUEST_ID`, else a fresh one); the
+    client-facing message and the id."""
+    request_id = REQUEST_ID.get() or new_request_id()
     log.error("request %s failed: %s", request_id, what, exc_info=exc)
     return f"{what} (request id {request_id}; details are in the server log)", request_id
 

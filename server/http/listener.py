@@ -42,6 +42,7 @@ import struct
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from email.utils import formatdate
 from http import HTTPStatus
@@ -104,14 +105,16 @@ def _log(message: str) -> None:
 
 
 def json_error(
-    status: int, message: str, error_type: str
+    status: int, message: str, error_type: str, request_id: str | None = None
 ) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """Headers and body of an error in the API's shape, closing the connection."""
+    """Headers and body of an error in the API's shape, closing the connection; like every
+    response it has an ``X-Request-Id`` (the application's for the request, else a fresh one)."""
     body = json.dumps({"error": {"message": message, "type": error_type}}).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
+        (b"x-request-id", (request_id or uuid.uuid4().hex[:16]).encode()),
     ]
     return headers, body
 
@@ -418,10 +421,16 @@ class _Connection:
             await self.send_error(exc.error_status_hint, _malformed(exc), "invalid_request_error")
 
     async def send_error(
-        self, status: int, message: str, error_type: str, *, head_only: bool = False
+        self,
+        status: int,
+        message: str,
+        error_type: str,
+        *,
+        head_only: bool = False,
+        request_id: str | None = None,
     ) -> None:
         """A complete error response in the API's JSON shape (the connection closes after it)."""
-        headers, body = json_error(status, message, error_type)
+        headers, body = json_error(status, message, error_type, request_id)
         try:
             out = (
                 self.h11.send(
@@ -465,8 +474,9 @@ class _Connection:
                 )
             return
         failure = exchange.failure
+        request_id = scope.get("state", {}).get("request_id")  # the app's id for the request
         if failure is not None and not self.closed and not exchange.disconnected.is_set():
-            where = f"{scope['method']} {scope['path']}"
+            where = f"{scope['method']} {scope['path']} (request id {request_id})"
             if exchange.started:  # the application answered it (and logged it) already
                 _log(f"{where} ended with {type(failure).__name__}: {str(failure)[:200]}")
             else:
@@ -479,7 +489,11 @@ class _Connection:
             what = "internal error" if exchange.failure else "the handler sent no response"
             message = f"{what} (details are in the server log)"
             await self.send_error(
-                500, message, "server_error", head_only=exchange.method == b"HEAD"
+                500,
+                message,
+                "server_error",
+                head_only=exchange.method == b"HEAD",
+                request_id=request_id,
             )
 
     def _next_cycle(self) -> bool:

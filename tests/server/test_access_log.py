@@ -1,0 +1,217 @@
+"""Request ids and the access log, on live servers.
+
+Every response carries ``X-Request-Id`` (the client's when sane, else a fresh
+one); every request ends in one ``voxpool.access`` line on stderr naming its
+method, path, status, duration, model and that id; a 500 names the same id in
+its body, its header and the logged traceback. ``--log-level`` decides which
+lines are written (status polls at debug, the rest at info).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from server.cli import build_parser
+from tests.server.gated import HANG_GUARD_S, serving, wait_until
+from tests.server.live import DATA, HELLO_WAV, LiveServer
+
+GENERATED = re.compile(r"[0-9a-f]{16}")
+ACCESS = re.compile(
+    r"^\S+ \S+ (?P<level>[A-Z]+) voxpool\.access: (?P<method>[A-Z]+) (?P<path>\S+) "
+    r"(?P<status>\d{3}) (?P<ms>\d+\.\d)ms model=(?P<model>\S+) id=(?P<id>\S+)$",
+    re.MULTILINE,
+)
+
+
+def access_lines(server: LiveServer) -> list[dict[str, str]]:
+    return [m.groupdict() for m in ACCESS.finditer(server.log())]
+
+
+def access_line(server: LiveServer, request_id: str) -> dict[str, str]:
+    """The access line of the request with this id (waits for it: the line follows the response)."""
+
+    def found() -> dict[str, str] | None:
+        return next((line for line in access_lines(server) if line["id"] == request_id), None)
+
+    return wait_until(f"the access line of request {request_id}", found)
+
+
+def test_a_client_request_id_is_echoed_and_logged_with_the_request(
+    main_server: LiveServer, http: httpx.Client
+) -> None:
+    resp = http.post(
+        "/v1/audio/speech",
+        json={"model": "piper", "input": "Access log.", "response_format": "wav"},
+        headers={"X-Request-Id": "client-id-42"},
+    )
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.headers["x-request-id"] == "client-id-42"
+    line = access_line(main_server, "client-id-42")
+    assert line["level"] == "INFO"
+    assert (line["method"], line["path"], line["status"], line["model"]) == (
+        "POST",
+        "/v1/audio/speech",
+        "200",
+        "piper",
+    )
+    # the logged duration covers the whole request, the synthesis included
+    assert float(line["ms"]) >= float(resp.headers["x-voxpool-wall-ms"]) - 0.1
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [None, "", "has space", "x" * 129, "-leading-dash", "semi;colon", "caf\u00e9"],
+    ids=["absent", "empty", "space", "too-long", "leading-dash", "semicolon", "non-ascii"],
+)
+def test_an_absent_or_insane_request_id_is_replaced_by_a_fresh_one(
+    main_server: LiveServer, sent: str | None
+) -> None:
+    headers = [] if sent is None else [(b"X-Request-Id", sent.encode("utf-8"))]
+    resp = httpx.get(main_server.url + "/v1/audio/voices", headers=headers, timeout=HANG_GUARD_S)
+    assert resp.status_code == 200
+    request_id = resp.headers["x-request-id"]
+    assert GENERATED.fullmatch(request_id), request_id
+    line = access_line(main_server, request_id)
+    assert (line["method"], line["path"], line["status"]) == ("GET", "/v1/audio/voices", "200")
+
+
+def test_fresh_ids_differ_between_requests(main_server: LiveServer, http: httpx.Client) -> None:
+    ids = {http.get("/v1/audio/voices").headers["x-request-id"] for _ in range(20)}
+    assert len(ids) == 20
+
+
+def test_error_responses_carry_the_id_and_are_logged_with_their_status(
+    main_server: LiveServer, http: httpx.Client
+) -> None:
+    cases: list[tuple[str, str, dict[str, Any], int, str]] = [
+        ("GET", "/no/such/route", {}, 404, "-"),
+        ("DELETE", "/v1/models", {}, 405, "-"),
+        ("POST", "/v1/audio/speech", {"content": b"not json"}, 400, "-"),
+        ("POST", "/v1/audio/speech", {"json": {"model": "piper", "input": ""}}, 400, "piper"),
+        ("POST", "/v1/audio/speech", {"json": {"model": "ghost", "input": "x"}}, 404, "-"),
+    ]
+    for n, (method, path, kwargs, status, model) in enumerate(cases):
+        request_id = f"error-case-{n}"
+        resp = http.request(method, path, headers={"X-Request-Id": request_id}, **kwargs)
+        assert resp.status_code == status, (path, resp.text[:300])
+        assert resp.headers["x-request-id"] == request_id
+        assert "request_id" not in resp.json()["error"]  # only a 500's body names the id
+        line = access_line(main_server, request_id)
+        assert (line["method"], line["path"], line["status"], line["model"]) == (
+            method,
+            path,
+            str(status),
+            model,
+        )
+
+
+def test_a_path_cannot_forge_log_lines(main_server: LiveServer, http: httpx.Client) -> None:
+    resp = http.get("/x%0A2000-01-01%2000:00:00,000%20INFO%20voxpool.access:%20forged")
+    assert resp.status_code == 404
+    line = access_line(main_server, resp.headers["x-request-id"])
+    assert (
+        line["path"] == "/x\\x0a2000-01-01\\x2000:00:00,000\\x20INFO\\x20voxpool.access:\\x20forged"
+    )
+    assert "\n2000-01-01 00:00:00,000 INFO" not in main_server.log()
+
+
+def test_a_malformed_request_answered_by_the_listener_has_an_id(main_server: LiveServer) -> None:
+    with socket.create_connection(("127.0.0.1", main_server.port), timeout=HANG_GUARD_S) as sock:
+        sock.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head = raw.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    assert head.startswith("http/1.1 400"), head
+    found = re.search(r"^x-request-id: ([0-9a-f]{16})\r?$", head, re.MULTILINE)
+    assert found, head
+
+
+def test_a_500_names_one_id_in_its_body_header_traceback_and_access_line(tmp_path: Path) -> None:
+    with serving(DATA / "main.json", tmp_path) as server:
+        (server.gate_dir / "fail-load-silero_vad").touch()  # its next load fails
+        resp = httpx.post(
+            server.url + "/v1/audio/vad",
+            files={"file": ("hello.wav", HELLO_WAV.read_bytes(), "audio/wav")},
+            data={"model": "silero_vad"},
+            headers={"X-Request-Id": "load-fails-1"},
+            timeout=HANG_GUARD_S,
+        )
+        assert resp.status_code == 500, resp.text[:300]
+        error = resp.json()["error"]
+        assert error["request_id"] == resp.headers["x-request-id"] == "load-fails-1"
+        assert "injected" not in resp.text  # the cause stays in the log
+        line = access_line(server, "load-fails-1")
+        assert (line["method"], line["path"], line["status"], line["model"]) == (
+            "POST",
+            "/v1/audio/vad",
+            "500",
+            "silero_vad",
+        )
+        log = server.log()
+        logged = re.search(r"ERROR voxpool\.http: request load-fails-1 failed: (.*)", log)
+        assert logged, log[-3000:]
+        after = log[logged.end() :]
+        assert "Traceback" in after and "injected load failure for 'silero_vad'" in after
+
+
+LEVEL_REQUESTS = (
+    ("GET", "/v1/models", 200),  # a status poll: debug
+    ("GET", "/health", 200),  # a status poll: debug
+    ("GET", "/v1/audio/voices", 200),
+    ("GET", "/no/such/route", 404),
+    ("GET", "/v1/models/nope", 404),  # not a poll: info
+)
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (None, {"/v1/audio/voices", "/no/such/route", "/v1/models/nope"}),
+        ("info", {"/v1/audio/voices", "/no/such/route", "/v1/models/nope"}),
+        (
+            "debug",
+            {"/v1/models", "/health", "/v1/audio/voices", "/no/such/route", "/v1/models/nope"},
+        ),
+        ("warning", set()),
+        ("error", set()),
+    ],
+)
+def test_log_level_decides_which_access_lines_are_written(
+    tmp_path: Path, level: str | None, expected: set[str]
+) -> None:
+    extra = () if level is None else ("--log-level", level)
+    server = LiveServer(DATA / "restricted.json", tmp_path, extra=extra).start()
+    try:
+        sent = []
+        with server.client(timeout=HANG_GUARD_S) as client:
+            for method, path, status in LEVEL_REQUESTS:
+                resp = client.request(method, path)
+                assert resp.status_code == status, (path, resp.text[:200])
+                sent.append((path, resp.headers["x-request-id"]))
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
+    # stopped: every line the process would write is in the file now
+    lines = {line["id"]: line for line in access_lines(server)}
+    logged = {path for path, request_id in sent if request_id in lines}
+    assert logged == expected, server.log()[-3000:]
+    for path, request_id in sent:
+        if request_id in lines:
+            debug = path in ("/v1/models", "/health")
+            assert lines[request_id]["level"] == ("DEBUG" if debug else "INFO")
+    assert "shutting down" in server.log()  # the server's own messages stay at every level
+
+
+def test_log_level_takes_only_known_levels() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).log_level == "info"
+    assert parser.parse_args(["serve", "--log-level", "debug"]).log_level == "debug"
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["serve", "--log-level", "verbose"])
+    assert exc.value.code == 2
