@@ -267,7 +267,7 @@ def monitored(factory: Callable[..., Runtime] = Runtime, *, checks: bool = True)
         if checks:
             rt.core.bulk_publish = monitor.wrap_bulk(rt.core.bulk_publish)  # type: ignore[method-assign]
             rt.core.retire_idle = monitor.wrap_retire(rt.core.retire_idle)  # type: ignore[method-assign,assignment]
-            rt.reconfigure = monitor.wrap_reconfigure(rt.reconfigure)  # type: ignore[method-assign,assignment]
+            rt.management.reconfigure = monitor.wrap_reconfigure(rt.management.reconfigure)  # type: ignore[method-assign,assignment]
         return rt
 
     return build

@@ -15,7 +15,8 @@ from server.runtime.errors import (
     RuntimeErrorBase,
 )
 from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
-from server.runtime.runtime import Held, Runtime, RuntimeConfig
+from server.runtime.runtime import Held, Runtime
+from server.runtime.state import RuntimeConfig
 
 __all__ = [
     "BusyError",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import attrs
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from core.recorder import Core
     from core.residency import Eviction, RoomDecision
     from server.runtime.ports import Clock, ModelProvider
-    from server.runtime.runtime import LivePool, RuntimeConfig
+    from server.runtime.state import LivePool, RuntimeConfig
     from server.runtime.waits import WaitTable
 
 
@@ -46,44 +46,51 @@ class BulkResult:
     not_found: tuple[str, ...]
 
 
+class Host(Protocol):
+    """What management needs of the runtime: core, the clock, the published pools and
+    specs, the wait table, the closing flags, and the runtime's own admission, loading
+    and teardown steps. :class:`~server.runtime.runtime.Runtime` is the one host."""
+
+    core: Core
+    clock: Clock
+    config: RuntimeConfig
+    provider: ModelProvider
+    specs: dict[str, ModelSpec]
+    pools: dict[str, LivePool]
+    waits: WaitTable
+    closing: bool
+    closed: bool
+
+    def spec(self, model: str) -> ModelSpec: ...
+    def ceiling_seconds(self, model: str) -> float: ...
+    async def admit(self, model: str, ticket: int, decision: Decision) -> Lease: ...
+    def release(self, model: str, ticket: int) -> None: ...
+    def apply(self, wakeups: Wakeups) -> None: ...
+    async def load_with_room(self, model: str, decision: RoomDecision) -> None: ...
+    async def teardown(self, model: str) -> None: ...
+    def evict(self, evictions: Sequence[Eviction]) -> None: ...
+    async def wait_quiet(self) -> None: ...
+
+
 class Management:
-    """The management half of :class:`~server.runtime.runtime.Runtime`."""
+    """Every management operation, through core's barriers, on behalf of its :class:`Host`."""
 
-    if TYPE_CHECKING:  # provided by Runtime
-        core: Core
-        clock: Clock
-        config: RuntimeConfig
-        provider: ModelProvider
-        specs: dict[str, ModelSpec]
-        pools: dict[str, LivePool]
-        waits: WaitTable
-        closing: bool
-        closed: bool
-        _background: int
-        _changed: anyio.Event
-
-        def spec(self, model: str) -> ModelSpec: ...
-        def ceiling_seconds(self, model: str) -> float: ...
-        async def admit(self, model: str, ticket: int, decision: Decision) -> Lease: ...
-        def release(self, model: str, ticket: int) -> None: ...
-        def apply(self, wakeups: Wakeups) -> None: ...
-        async def load_with_room(self, model: str, decision: RoomDecision) -> None: ...
-        async def teardown(self, model: str) -> None: ...
-        def evict(self, evictions: Sequence[Eviction]) -> None: ...
+    def __init__(self, rt: Host) -> None:
+        self.rt = rt
 
     @asynccontextmanager
     async def manage(self, model: str, timeout_s: float | None = None) -> AsyncIterator[Lease]:
         """Hold ``model``'s exclusive management lease for the body (FIFO barrier)."""
-        self.spec(model)
+        self.rt.spec(model)
         self.refuse_if_closing(model)
-        timeout = self.ceiling_seconds(model) if timeout_s is None else timeout_s
-        now = self.clock.now()
-        ticket = self.core.new_ticket(now)
-        lease = await self.admit(model, ticket, self.core.manage(model, ticket, now, timeout))
+        timeout = self.rt.ceiling_seconds(model) if timeout_s is None else timeout_s
+        now = self.rt.clock.now()
+        ticket = self.rt.core.new_ticket(now)
+        lease = await self.rt.admit(model, ticket, self.rt.core.manage(model, ticket, now, timeout))
         try:
             yield lease
         finally:
-            self.release(model, lease.ticket)
+            self.rt.release(model, lease.ticket)
 
     def refuse_if_closing(self, model: str) -> None:
         """Once shutdown has begun, refuse new management too (busy ``shutting_down``).
@@ -92,7 +99,7 @@ class Management:
         load, reconfiguration or registration queued behind that final unload
         would leave a pool alive after shutdown (invariants 1 and 6).
         """
-        if self.closing:
+        if self.rt.closing:
             raise BusyError(Reason.SHUTTING_DOWN, busy_message(model, Reason.SHUTTING_DOWN))
 
     async def load_model(self, model: str) -> None:
@@ -102,12 +109,12 @@ class Management:
 
     async def load_as_manager(self, model: str, lease: Lease) -> None:
         """Under the exclusive lease: make sure the pool is loaded (making room first)."""
-        decision = self.core.ensure_loaded(model, lease.ticket, self.clock.now())
+        decision = self.rt.core.ensure_loaded(model, lease.ticket, self.rt.clock.now())
         if isinstance(decision, Proceed):
             return
         if isinstance(decision, WaitLoad):  # pragma: no cover - impossible under exclusivity
             raise AssertionError("a manager waited for another initializer")
-        await self.load_with_room(model, decision)
+        await self.rt.load_with_room(model, decision)
 
     async def unload(self, model: str) -> None:
         """Unload ``model`` (idempotent): waits for older work, then tears the pool down."""
@@ -115,10 +122,10 @@ class Management:
             await self.unload_under_lease(model)
 
     async def unload_under_lease(self, model: str) -> None:
-        decision = self.core.begin_unload(model, self.clock.now())
+        decision = self.rt.core.begin_unload(model, self.rt.clock.now())
         if isinstance(decision, Teardown):
-            await self.teardown(model)
-            self.core.unload_finished(model, self.clock.now())
+            await self.rt.teardown(model)
+            self.rt.core.unload_finished(model, self.rt.clock.now())
 
     async def register(self, spec: ModelSpec) -> bool:
         """Register a new id and load it, or reconfigure an existing one. True if reconfigured.
@@ -130,17 +137,17 @@ class Management:
         check = validate_slots(spec.slots)
         if isinstance(check, Invalid):
             raise InvalidRequestError(check.reason, check.message)
-        if self.config.kind is RuntimeKind.ORIGINAL and spec.slots != 1:
+        if self.rt.config.kind is RuntimeKind.ORIGINAL and spec.slots != 1:
             raise InvalidRequestError(Reason.SLOTS_REQUIRE_PARALLEL, SLOTS_REQUIRE_PARALLEL_MESSAGE)
         self.refuse_if_closing(spec.id)
-        now = self.clock.now()
-        registered = self.core.register(spec.id, spec.slots, spec.memory_bytes, now)
+        now = self.rt.clock.now()
+        registered = self.rt.core.register(spec.id, spec.slots, spec.memory_bytes, now)
         if isinstance(registered, Registered):
-            self.specs[spec.id] = spec
+            self.rt.specs[spec.id] = spec
             try:
                 await self.load_as_manager(spec.id, registered.lease)
             finally:
-                self.release(spec.id, registered.lease.ticket)
+                self.rt.release(spec.id, registered.lease.ticket)
             return False
         return await self.reconfigure(spec)
 
@@ -155,27 +162,27 @@ class Management:
         if isinstance(check, Invalid):  # before any lease: an invalid count changes nothing
             raise InvalidRequestError(check.reason, check.message)
         async with self.manage(spec.id) as lease:
-            old = self.specs[spec.id]
+            old = self.rt.specs[spec.id]
             if self.only_operational(old, spec):
                 self.update_in_place(old, spec)
                 await self.load_as_manager(spec.id, lease)
                 return False
-            self.core.begin_reconfigure(spec.id, self.clock.now())
+            self.rt.core.begin_reconfigure(spec.id, self.rt.clock.now())
             try:
                 capacity = await self.probe_capacity(old, spec)
                 if spec.slots > capacity:
                     raise InvalidRequestError(Reason.CAPACITY_EXCEEDED, capacity_message(spec.family, capacity))
             except BaseException as exc:
                 reason = getattr(exc, "reason", Reason.LOAD_FAILED)
-                self.core.reject_reconfigure(spec.id, self.clock.now(), reason)
+                self.rt.core.reject_reconfigure(spec.id, self.rt.clock.now(), reason)
                 raise
-            decision = self.core.commit_reconfigure(
-                spec.id, spec.slots, self.clock.now(), memory_bytes=spec.memory_bytes
+            decision = self.rt.core.commit_reconfigure(
+                spec.id, spec.slots, self.rt.clock.now(), memory_bytes=spec.memory_bytes
             )
-            self.specs[spec.id] = spec
+            self.rt.specs[spec.id] = spec
             if isinstance(decision, Teardown):
-                await self.teardown(spec.id)
-                self.core.unload_finished(spec.id, self.clock.now())
+                await self.rt.teardown(spec.id)
+                self.rt.core.unload_finished(spec.id, self.rt.clock.now())
             await self.load_as_manager(spec.id, lease)
             return True
 
@@ -188,45 +195,45 @@ class Management:
     def update_in_place(self, old: ModelSpec, new: ModelSpec) -> None:
         """Under the exclusive lease: take ``new``'s operational fields (lazy, busy timeout,
         memory estimate) without touching the pool (race report 3: no reload for them)."""
-        if new.memory_bytes != old.memory_bytes and not self.core.set_memory(
-            new.id, new.memory_bytes, self.clock.now()
+        if new.memory_bytes != old.memory_bytes and not self.rt.core.set_memory(
+            new.id, new.memory_bytes, self.rt.clock.now()
         ):
             raise BusyError(
                 Reason.MEMORY_BUDGET,
                 f"cannot set model '{new.id}' memory estimate to {new.memory_bytes} bytes: "
                 "the loaded models would exceed the memory budget",
             )
-        self.specs[new.id] = new
+        self.rt.specs[new.id] = new
 
     async def probe_capacity(self, old: ModelSpec, new: ModelSpec) -> int:
         """The capacity the new configuration would advertise, without touching the live pool."""
         if new.slots == 1:
             return 1
-        live = self.pools.get(old.id)
+        live = self.rt.pools.get(old.id)
         if live is not None and old.session_key() == new.session_key():
             return live.pool.capacity
         capacity = 1
         with anyio.CancelScope(shield=True):
             try:
-                factory = await self.provider.load(new)
+                factory = await self.rt.provider.load(new)
             except Exception as exc:
                 raise LoadError(Reason.LOAD_FAILED, f"cannot load model '{new.id}': {exc}") from exc
             try:
-                primary = await self.provider.create(factory)
+                primary = await self.rt.provider.create(factory)
                 try:
                     capacity = min(factory.capacity(), MAX_PARALLEL_SESSIONS)
                 finally:
-                    await self.provider.close(primary)
+                    await self.rt.provider.close(primary)
             finally:
-                await self.provider.release(new, factory)
+                await self.rt.provider.release(new, factory)
         return capacity
 
     async def bulk_unload(self, ids: Iterable[str] | None = None) -> BulkResult:
         """Unload the selected models (None: every registered one), ready idle ones first."""
-        bulk = self.core.bulk_publish(ids, self.clock.now())
+        bulk = self.rt.core.bulk_publish(ids, self.rt.clock.now())
         progress = anyio.Event()
         for model in bulk.waiting:
-            wait = self.waits.park(model, bulk.tickets[model])
+            wait = self.rt.waits.park(model, bulk.tickets[model])
             wait.watchers.append(progress)
         try:
             while True:
@@ -237,60 +244,51 @@ class Management:
                     try:
                         await self.unload_under_lease(action.model)
                     finally:
-                        self.release(action.model, action.ticket)
+                        self.rt.release(action.model, action.ticket)
                     bulk.finished(action.model)
                 elif isinstance(action, WaitForGrant):
                     await progress.wait()
                     progress = anyio.Event()
                     for model in action.models:
-                        wait = self.waits.admission[bulk.tickets[model]]
+                        wait = self.rt.waits.admission[bulk.tickets[model]]
                         wait.watchers[:] = [progress]
                         if wait.lease is not None:
-                            self.waits.admission.pop(bulk.tickets[model])
+                            self.rt.waits.admission.pop(bulk.tickets[model])
                             bulk.granted(model)
         finally:
             for model in list(bulk.waiting):
                 ticket = bulk.tickets[model]
-                parked = self.waits.admission.pop(ticket, None)
+                parked = self.rt.waits.admission.pop(ticket, None)
                 if parked is not None and parked.lease is not None:
-                    self.release(model, ticket)
+                    self.rt.release(model, ticket)
                 else:
-                    self.apply(self.core.cancel(model, ticket, self.clock.now()).wakeups)
+                    self.rt.apply(self.rt.core.cancel(model, ticket, self.rt.clock.now()).wakeups)
 
-    async def _idle_loop(self) -> None:
+    async def idle_loop(self) -> None:
         """Retire models idle longer than ``idle_unload_ms`` (polling like the original)."""
-        idle_s = self.config.idle_unload_ms / 1000.0
+        idle_s = self.rt.config.idle_unload_ms / 1000.0
         period = max(1.0, idle_s / 10.0)
         while True:
-            await self.clock.sleep_until(self.clock.now() + period)
-            self.evict(self.core.retire_idle(self.clock.now(), idle_s))
+            await self.rt.clock.sleep_until(self.rt.clock.now() + period)
+            self.rt.evict(self.rt.core.retire_idle(self.rt.clock.now(), idle_s))
 
     def status(self) -> list[ModelStatus]:
         """Every model's row, in registration order (no waiting, not an atomic snapshot)."""
-        return [self.core.registry.status(e) for e in self.core.registry.entries()]
+        return [self.rt.core.registry.status(e) for e in self.rt.core.registry.entries()]
 
     def status_of(self, model: str) -> ModelStatus:
-        entry = self.core.registry.get(model)
+        entry = self.rt.core.registry.get(model)
         if entry is None:
             raise NotFoundError(Reason.NOT_FOUND, f"unknown model id: {model}")
-        return self.core.registry.status(entry)
-
-    def is_quiet(self) -> bool:
-        """No lease held or queued anywhere and no background work in flight."""
-        return self._background == 0 and all(e.admission.is_idle() for e in self.core.registry.entries())
-
-    async def wait_quiet(self) -> None:
-        """Wait until :meth:`is_quiet`."""
-        while not self.is_quiet():
-            await self._changed.wait()
+        return self.rt.core.registry.status(entry)
 
     async def shutdown(self) -> None:
         """Stop admitting, drain admitted and queued work, then destroy every pool."""
-        self.closing = True
-        now = self.clock.now()
-        for entry in self.core.registry.entries():
-            self.core.stop_admitting(entry.id, now)
-        await self.wait_quiet()
+        self.rt.closing = True
+        now = self.rt.clock.now()
+        for entry in self.rt.core.registry.entries():
+            self.rt.core.stop_admitting(entry.id, now)
+        await self.rt.wait_quiet()
         await self.bulk_unload(None)
-        self.closed = True  # a cancelled shutdown leaves this False: leaving the runtime finishes it
+        self.rt.closed = True  # a cancelled shutdown leaves this False: leaving the runtime finishes it
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -34,37 +34,24 @@ from core.admission import Granted, Queued, Rejected, RetryAfter, Wakeups
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
-from core.policy import RuntimeKind, model_ceiling, ms_to_seconds, resolve_busy_timeout
+from core.policy import model_ceiling, ms_to_seconds, resolve_busy_timeout
 from core.pool import (
     CreateClone,
     CreatePrimary,
     PoolBuilder,
     Publish,
     Session,
-    SessionFactory,
-    SessionPool,
 )
 from core.recorder import Core
-from core.registry import Registered
+from core.registry import ModelStatus, Registered
 from core.residency import Eviction, ResidencyLimits, RoomDecision
 from server.runtime.errors import BusyError, LoadError, NotFoundError
-from server.runtime.management import Management
+from server.runtime.management import BulkResult, Management
 from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
+from server.runtime.state import LivePool, RuntimeConfig
 from server.runtime.waits import WaitTable
 
 log = logging.getLogger("voxpool.runtime")
-
-
-@attrs.frozen
-class RuntimeConfig:
-    """Process-wide settings (milliseconds as in the config file)."""
-
-    busy_timeout_ms: int = 300_000
-    max_loaded_models: int = 0
-    memory_budget: int = 0
-    max_queue: int | None = None
-    idle_unload_ms: int = 0
-    kind: RuntimeKind = RuntimeKind.PARALLEL
 
 
 @attrs.frozen
@@ -81,22 +68,17 @@ class Held:
         return self.lease.request_slot()
 
 
-@attrs.define
-class LivePool:
-    """A published pool with the weights it was built on and its generation."""
-
-    pool: SessionPool
-    factory: SessionFactory
-    spec: ModelSpec
-    generation: int
-
-
 class InvariantBroken(AssertionError):
     """The runtime caught itself breaking a rule (a bug; the simulator reports it)."""
 
 
-class Runtime(Management):
-    """Drives core for every registered model. Use as ``async with Runtime(...) as rt``."""
+class Runtime:
+    """Drives core for every registered model. Use as ``async with Runtime(...) as rt``.
+
+    Admission, loading and session work are here; every management operation is
+    its :class:`~server.runtime.management.Management` component's (the methods
+    below of that name only forward to it).
+    """
 
     def __init__(
         self,
@@ -122,6 +104,7 @@ class Runtime(Management):
         self._background = 0
         self.closing = False
         self.closed = False
+        self.management = Management(self)
         if trace is not None:
             trace(
                 TraceRecord(
@@ -143,7 +126,7 @@ class Runtime(Management):
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
         if self.config.idle_unload_ms > 0:
-            self._tg.start_soon(self._idle_loop)
+            self._tg.start_soon(self.management.idle_loop)
         return self
 
     async def __aexit__(self, *exc: object) -> bool | None:
@@ -178,6 +161,43 @@ class Runtime(Management):
         """Wake anyone waiting for the runtime to drain."""
         self._changed.set()
         self._changed = anyio.Event()
+
+    def is_quiet(self) -> bool:
+        """No lease held or queued anywhere and no background work in flight."""
+        return self._background == 0 and all(e.admission.is_idle() for e in self.core.registry.entries())
+
+    async def wait_quiet(self) -> None:
+        """Wait until :meth:`is_quiet`."""
+        while not self.is_quiet():
+            await self._changed.wait()
+
+    # ------------------------------------------- management (the component's)
+    def manage(self, model: str, timeout_s: float | None = None) -> AbstractAsyncContextManager[Lease]:
+        return self.management.manage(model, timeout_s)
+
+    async def load_model(self, model: str) -> None:
+        await self.management.load_model(model)
+
+    async def unload(self, model: str) -> None:
+        await self.management.unload(model)
+
+    async def register(self, spec: ModelSpec) -> bool:
+        return await self.management.register(spec)
+
+    async def reconfigure(self, spec: ModelSpec) -> bool:
+        return await self.management.reconfigure(spec)
+
+    async def bulk_unload(self, ids: Iterable[str] | None) -> BulkResult:
+        return await self.management.bulk_unload(ids)
+
+    async def shutdown(self) -> None:
+        await self.management.shutdown()
+
+    def status(self) -> list[ModelStatus]:
+        return self.management.status()
+
+    def status_of(self, model: str) -> ModelStatus:
+        return self.management.status_of(model)
 
     # --------------------------------------------------------------- models
     def add_model(self, spec: ModelSpec) -> None:
