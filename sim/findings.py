@@ -14,7 +14,7 @@ import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -24,8 +24,22 @@ from sim.monitors import monitored
 from sim.runner import RunResult, check_expectations, run_scenario
 from sim.scenario import Action, Expect, Scenario, dump, load
 
-if TYPE_CHECKING:
-    from sim.fuzz import Finding
+
+@attrs.define
+class Finding:
+    """The outcome of a search: the shrunk scenario and how long it took (None: nothing found)."""
+
+    scenario: Scenario | None
+    failures: list[str]
+    examples: int
+    seconds_to_find: float | None
+    seconds: float
+    examples_to_find: int | None = None
+    path: Path | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.scenario is not None
 
 
 def expectations(s: Scenario, mutant: Mutant | None, failures: Sequence[str] = ()) -> Scenario:

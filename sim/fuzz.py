@@ -27,13 +27,11 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-import attrs
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import HypothesisException, NoSuchExample
 
-from sim.findings import expectations, to_toml, write
+from sim.findings import Finding, expectations, to_toml, write
 from sim.fuzz_oracle import Mutant, check, generic_failures
 from sim.fuzz_space import MAX_ACTIONS, NEW_ID, scenarios
 from sim.scenario import Scenario
@@ -52,23 +50,6 @@ __all__ = [
     "to_toml",
     "write",
 ]
-
-
-@attrs.define
-class Finding:
-    """The outcome of a search: the shrunk scenario and how long it took (None: nothing found)."""
-
-    scenario: Scenario | None
-    failures: list[str]
-    examples: int
-    seconds_to_find: float | None
-    seconds: float
-    examples_to_find: int | None = None
-    path: Path | None = None
-
-    @property
-    def found(self) -> bool:
-        return self.scenario is not None
 
 
 def search(
