@@ -42,6 +42,12 @@ SPEECH_FORMATS = ("wav", "pcm", "json", "b64_json")
 TRANSCRIPT_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
 MAX_BATCH = 64
 """Most entries of one ``/v1/tasks/batch`` request."""
+TIMESTAMP_GRANULARITIES = ("segment", "word")
+"""OpenAI's ``timestamp_granularities[]`` values (``word`` adds ``words`` to verbose_json)."""
+MAX_GRANULARITIES = 8
+"""Longest ``timestamp_granularities`` list."""
+TEMPERATURE_RANGE = (0.0, 1.0)
+"""A transcription's ``temperature``: the first of the fallback temperatures."""
 
 
 def timing(wall_s: float, audio_s: float | None) -> dict[str, Any]:
@@ -164,13 +170,49 @@ class AsrAdapter(ServesEveryMode):
         prompt = body.get("prompt", body.get("text"))
         if prompt is not None and (not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS):
             raise bad(f"'prompt' must be a string of at most {MAX_PROMPT_CHARS} characters")
+        number(body, "temperature", *TEMPERATURE_RANGE)
+        integer(body, "seed", 0, SEED_MAX)
+        self.granularities(body)
+
+    @staticmethod
+    def granularities(body: Mapping[str, Any]) -> tuple[str, ...]:
+        """``timestamp_granularities`` (a JSON list or one string; a repeated multipart
+        ``timestamp_granularities[]``), each ``segment`` or ``word``; 400 otherwise."""
+        found: list[str] = []
+        for key in ("timestamp_granularities", "timestamp_granularities[]"):
+            value = body.get(key)
+            if value is None:
+                continue
+            items = [value] if isinstance(value, str) else value
+            if (
+                not isinstance(items, list)
+                or len(items) > MAX_GRANULARITIES
+                or not all(isinstance(v, str) and v in TIMESTAMP_GRANULARITIES for v in items)
+            ):
+                raise bad(
+                    f"'timestamp_granularities' must be a list of at most {MAX_GRANULARITIES}"
+                    f" of: {', '.join(TIMESTAMP_GRANULARITIES)}; got {show(value)}"
+                )
+            found.extend(items)
+        return tuple(dict.fromkeys(found))
 
     def request(self, body: Mapping[str, Any], audio: np.ndarray) -> Any:
-        from backends.whisper import WhisperRequest
+        """The WhisperRequest: ``prompt`` is the initial prompt, ``temperature`` the first of the
+        fallback temperatures (0, or absent: 0.0 to 1.0 in steps of 0.2), ``seed`` seeds sampling,
+        ``word`` in ``timestamp_granularities`` asks for word timestamps."""
+        from backends.whisper import WhisperRequest, temperature_ladder
 
         self.check_fields(body)
         prompt = body.get("prompt", body.get("text"))
-        return WhisperRequest(audio=audio, initial_prompt=prompt or None)
+        temperature = number(body, "temperature", *TEMPERATURE_RANGE)
+        seed = integer(body, "seed", 0, SEED_MAX)
+        return WhisperRequest(
+            audio=audio,
+            initial_prompt=prompt or None,
+            temperature=temperature_ladder(temperature or 0.0),
+            seed=0 if seed is None else seed,
+            word_timestamps="word" in self.granularities(body),
+        )
 
     @staticmethod
     def segment_json(seg: Any) -> dict[str, Any]:
@@ -182,18 +224,37 @@ class AsrAdapter(ServesEveryMode):
             "end_sample": round(seg.end * 16000),
             "avg_logprob": float(seg.avg_logprob),
             "no_speech_prob": float(seg.no_speech_prob),
+            "temperature": float(seg.temperature),
+            "compression_ratio": float(seg.compression_ratio),
+        }
+
+    @staticmethod
+    def word_json(word: Any) -> dict[str, Any]:
+        """OpenAI's word shape: the word without its leading space, start and end in seconds."""
+        return {
+            "word": word.word.strip(),
+            "start": round(float(word.start), 3),
+            "end": round(float(word.end), 3),
         }
 
     def json(self, result: Any) -> dict[str, Any]:
-        return {
+        out = {
             "text": result.text,
             "language": "en",
             "duration": round(float(result.duration), 3),
             "segments": [self.segment_json(s) for s in result.segments],
         }
+        if any(s.words is not None for s in result.segments):
+            out["words"] = [self.word_json(w) for s in result.segments for w in s.words or ()]
+        return out
 
     def chunk_json(self, seg: Any) -> dict[str, Any]:
-        return self.segment_json(seg)
+        out = self.segment_json(seg)
+        if seg.words is not None:
+            out["words"] = [
+                {**self.word_json(w), "probability": float(w.probability)} for w in seg.words
+            ]
+        return out
 
     @staticmethod
     def duration(result: Any) -> float:

@@ -217,6 +217,8 @@ async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, s
                 raise bad("give exactly one 'file' part")
             data = await value.read()
             filename = value.filename
+        elif key.endswith("[]"):  # a repeated array field (OpenAI's timestamp_granularities[])
+            fields.setdefault(key, []).append(value)
         else:
             fields[key] = value
     return fields, data, filename

@@ -20,10 +20,13 @@ from server.config import FAMILY_TASKS, LOAD_OPTIONS, MAX_JSON_INT, MODES, Serve
 from server.families import (
     LANGUAGES,
     MAX_BATCH,
+    MAX_GRANULARITIES,
     MAX_PROMPT_CHARS,
     SEED_MAX,
     SPEECH_FORMATS,
     SPEECH_RANGES,
+    TEMPERATURE_RANGE,
+    TIMESTAMP_GRANULARITIES,
     TRANSCRIPT_FORMATS,
     VAD_OPEN,
     VAD_RANGES,
@@ -170,10 +173,19 @@ AUDIO_SOURCE: list[Schema] = [{"required": ["audio_base64"]}, {"required": ["aud
 
 
 def asr_fields() -> Schema:
+    granularities = {
+        "type": "array",
+        "items": _enum(TIMESTAMP_GRANULARITIES),
+        "maxItems": MAX_GRANULARITIES,
+    }
     return {
         "language": _enum(("", *LANGUAGES)),
         "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "text": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+        "temperature": _range(*TEMPERATURE_RANGE),
+        "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
+        "timestamp_granularities": granularities,
+        "timestamp_granularities[]": granularities,
     }
 
 
@@ -214,6 +226,11 @@ def audio_route(task: str, models: Sequence[str], formats: Sequence[str] | None)
         {
             "language": extra["language"],
             "prompt": extra["prompt"],
+            # 0 to 1 as a plain decimal; each repeat of timestamp_granularities[] is one value
+            "temperature": {"type": "string", "pattern": "^(0(\\.[0-9]{1,6})?|1(\\.0{1,6})?)$"},
+            "seed": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+            "timestamp_granularities[]": _enum(TIMESTAMP_GRANULARITIES),
+            "timestamp_granularities": _enum(TIMESTAMP_GRANULARITIES),
         }
         if task == "asr"
         else {
