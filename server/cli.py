@@ -13,7 +13,9 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voxpool", description="Audio model server with parallel session slots.")
+    parser = argparse.ArgumentParser(
+        prog="voxpool", description="Audio model server with parallel session slots."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTP server (no config: the embedded default)")
@@ -37,11 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "opencl", "cuda"])
     run.add_argument("--seed", type=int, default=0)
 
-    val = sub.add_parser("validate", help="seed 003's admission gate for one model family at one slot count")
+    val = sub.add_parser(
+        "validate", help="seed 003's admission gate for one model family at one slot count"
+    )
     val.add_argument("--model", required=True, choices=["piper", "whisper", "silero_vad"])
     val.add_argument("--slots", type=int, default=2)
     val.add_argument("--starts", type=int, default=3, help="fresh runtime starts (seed minimum 3)")
-    val.add_argument("--waves", type=int, default=10, help="mixed warm waves per start (seed minimum 10)")
+    val.add_argument(
+        "--waves", type=int, default=10, help="mixed warm waves per start (seed minimum 10)"
+    )
     val.add_argument("--framework", action="store_true", help="also run the F1-F6 test subsets")
     val.add_argument("--out", help="write the JSON record here")
 

@@ -2,11 +2,12 @@
 // server that served it (same origin): /health, /v1/models, /v1/audio/{voices,speech,
 // transcriptions,vad}. The live view polls /v1/models and draws each model the way the
 // simulator's timeline does (sim/timeline.py): a management lane (the model's state), one
-// lane per slot (busy or idle) and the queue depth, over the last WINDOW_S seconds.
+// lane per slot (busy or idle) and the queue depth, over the last 15 s, 60 s or 5 min.
 "use strict";
 
 const POLL_MS = 250;
-const WINDOW_S = 60;
+const KEEP_S = 300; // the longest window: older samples are dropped
+const TICKS = { 15: 5, 60: 10, 300: 60 }; // window -> seconds between ticks
 const KEEP_REQUESTS = 12;
 const BUSY = "#43a047";
 const TEXT_SEGMENT = "#90caf9";
@@ -35,6 +36,12 @@ function clear(el) {
 
 function seconds(s) {
   return s < 10 ? `${s.toFixed(2)} s` : `${s.toFixed(1)} s`;
+}
+
+// Each speech or transcription run is numbered on its status line (data-run), so a reader
+// can tell this run's final state (data-state: busy, then ok or error) from the previous one's.
+function nextRun(el) {
+  el.dataset.run = String(Number(el.dataset.run || 0) + 1);
 }
 
 function say(el, text, state) {
@@ -160,6 +167,7 @@ async function speak() {
   const body = { model: $("tts-model").value, input: text, response_format: "wav" };
   if ($("tts-voice").value) body.voice = $("tts-voice").value;
   button.disabled = true;
+  nextRun(status);
   say(status, "synthesizing…", "busy");
   try {
     const { resp, id } = await call("POST", "/v1/audio/speech", {
@@ -201,6 +209,7 @@ async function transcribe(blob, name) {
   delete transcript.dataset.state;
   clear($("vad-segments"));
   clear($("segments-svg"));
+  nextRun(status);
   say(status, `transcribing ${name} (${(blob.size / 1024).toFixed(0)} KiB)…`, "busy");
   const asrModel = $("asr-model").value;
   const vadModel = $("vad-model").value;
@@ -422,8 +431,9 @@ function drawModel(row, samples, now, index) {
   const queueTop = 4 + lanes.length * (laneH + gap) + 4;
   const queueH = 30;
   const H = queueTop + queueH + 18;
-  const from = now - WINDOW_S;
-  const x = (t) => left + (width * (Math.max(t, from) - from)) / WINDOW_S;
+  const span = Number($("window").value) || 60;
+  const from = now - span;
+  const x = (t) => left + (width * (Math.max(t, from) - from)) / span;
   clear(plot);
   plot.setAttribute("viewBox", `0 0 ${W} ${H}`);
 
@@ -438,6 +448,7 @@ function drawModel(row, samples, now, index) {
     svg("text", { x: left - 6, y: y + 11, "text-anchor": "end" }, g).textContent = label;
     if (i === 0) {
       for (const [t0, t1, st] of spans(samples, now, (s) => (s.state in STATE_COLOURS ? s.state : null))) {
+        if (t1 < from) continue;
         const thin = st === "ready";
         svg("rect", {
           x: x(t0), y: thin ? y + laneH * 0.35 : y, width: Math.max(1, x(t1) - x(t0)),
@@ -446,6 +457,7 @@ function drawModel(row, samples, now, index) {
       }
     } else {
       for (const [t0, t1] of spans(samples, now, (s) => s.active > i - 1)) {
+        if (t1 < from) continue;
         svg("rect", {
           x: x(t0), y: y + 1, width: Math.max(1, x(t1) - x(t0)), height: laneH - 2,
           fill: BUSY, class: "busy",
@@ -455,12 +467,12 @@ function drawModel(row, samples, now, index) {
   });
 
   // queue depth: requests and managers waiting, as a step line
-  const top = Math.max(1, ...samples.map((s) => s.queued));
+  const visible = samples.filter((s, i) => i + 1 === samples.length || samples[i + 1].t >= from);
+  const top = Math.max(1, ...visible.map((s) => s.queued));
   const yq = (n) => queueTop + queueH - (queueH * n) / top;
   svg("rect", { x: left, y: queueTop, width, height: queueH, fill: "#fff", stroke: "#eee" }, plot);
   svg("text", { x: left - 6, y: queueTop + 12, "text-anchor": "end" }, plot).textContent = "queue";
   svg("text", { x: left - 6, y: queueTop + 25, "text-anchor": "end" }, plot).textContent = `max ${top}`;
-  const visible = samples.filter((s, i) => i + 1 === samples.length || samples[i + 1].t >= from);
   if (visible.length) {
     let d = `M ${x(visible[0].t)} ${yq(visible[0].queued)}`;
     visible.forEach((s, i) => {
@@ -474,11 +486,11 @@ function drawModel(row, samples, now, index) {
       class: "queue",
     }, plot);
   }
-  for (let ago = WINDOW_S; ago >= 0; ago -= 10) {
+  for (let ago = span; ago >= 0; ago -= TICKS[span] || span / 6) {
     const tx = x(now - ago);
     svg("line", { x1: tx, x2: tx, y1: queueTop + queueH, y2: queueTop + queueH + 4, stroke: "#999" }, plot);
     svg("text", { x: tx, y: H - 2, "text-anchor": ago === 0 ? "end" : "middle" }, plot).textContent =
-      ago === 0 ? "now" : `−${ago} s`;
+      ago === 0 ? "now" : ago % 60 === 0 ? `−${ago / 60} min` : `−${ago} s`;
   }
 }
 
@@ -494,7 +506,7 @@ function update(rows, now) {
       queued: row.queued_requests + row.queued_management,
       state: row.state,
     });
-    while (samples.length > 2 && samples[1].t < now - WINDOW_S) samples.shift();
+    while (samples.length > 2 && samples[1].t < now - KEEP_S) samples.shift();
     history.set(row.id, samples);
     drawModel(row, samples, now, index);
   });
