@@ -1,8 +1,11 @@
 """Audio I/O for the server and CLI: WAV decoding, resampling, encoding, base64.
 
 Clients send WAV files of any common shape (8/16/24/32-bit integer or 32/64-bit
-float PCM, any channel count, any rate); models want mono float32 at their own
-rate. Malformed input raises :class:`AudioError` with a message fit for a 400.
+float PCM, any channel count, any rate) or compressed audio (MP3, FLAC, Ogg,
+MP4/M4A, WebM...: :mod:`server.codecs`, through PyAV); models want mono
+float32 at their own rate. WAV is always read here, exactly; everything else is
+decoded by :mod:`server.codecs`. Malformed input raises :class:`AudioError`
+with a message fit for a 400.
 """
 
 from __future__ import annotations
@@ -18,17 +21,13 @@ import attrs
 import numpy as np
 
 from backends.wav import pcm16_bytes, wav_bytes
+from server.audio_errors import MAX_CHANNELS, RATES, AudioError, AudioLimitError
 
-MAX_CHANNELS = 16
 MAX_CHUNKS = 1024
 """RIFF chunks read before ``fmt `` and ``data`` are found; more is not a WAV anyone writes."""
 BLOCK = 16384
 """Output samples per resampling block: the working set is about ``BLOCK * 32 * 8 * 4`` bytes."""
 _FORMATS = {(1, 8), (1, 16), (1, 24), (1, 32), (3, 32), (3, 64)}
-
-
-class AudioError(ValueError):
-    """Input audio that cannot be decoded or used."""
 
 
 @attrs.frozen
@@ -83,8 +82,8 @@ def wav_layout(data: bytes) -> WavLayout:
     tag, channels, rate, bits = fmt
     if not 1 <= channels <= MAX_CHANNELS:
         raise AudioError(f"WAV channel count {channels} is not supported (1..{MAX_CHANNELS})")
-    if not 1000 <= rate <= 384000:
-        raise AudioError(f"WAV sample rate {rate} is out of range (1000..384000)")
+    if not RATES[0] <= rate <= RATES[1]:
+        raise AudioError(f"WAV sample rate {rate} is out of range ({RATES[0]}..{RATES[1]})")
     if (tag, bits) not in _FORMATS:
         raise AudioError(f"WAV encoding (format {tag}, {bits} bits) is not supported")
     start, size = payload
@@ -181,14 +180,29 @@ def resample(
     return _resample_blocks(lambda lo, hi: samples[lo:hi], samples.size, src, dst, half, beta)
 
 
-def load_for_model(data: bytes, rate: int, max_seconds: float | None = None) -> np.ndarray:
-    """Decode a WAV and bring it to mono float32 at ``rate``, in bounded blocks.
+def is_wav(data: bytes) -> bool:
+    """Whether ``data`` is for the WAV reader (a RIFF file; :func:`wav_layout` checks the rest)."""
+    return data[:4] == b"RIFF"
 
-    ``max_seconds`` is checked from the header, before any sample is decoded:
-    longer audio is an :class:`AudioLimitError`. Memory: the output
-    (``4 * rate`` bytes a second) plus a fixed working set, whatever the input's
-    rate, width or channel count.
+
+def load_for_model(data: bytes, rate: int, max_seconds: float | None = None) -> np.ndarray:
+    """Decode audio and bring it to mono float32 at ``rate``, in bounded blocks.
+
+    A WAV (a RIFF file) is read here: ``max_seconds`` is checked from its
+    header, before any sample is decoded, and longer audio is an
+    :class:`AudioLimitError`. Memory: the output (``4 * rate`` bytes a second)
+    plus a fixed working set, whatever the input's rate, width or channel
+    count. Anything else goes to :func:`server.codecs.decode` (its stated
+    duration checked up front, its decoded duration as it decodes).
     """
+    if not is_wav(data):
+        try:
+            from server.codecs import decode
+        except ImportError:  # pragma: no cover - PyAV comes with the server extra
+            raise AudioError(
+                "compressed audio needs PyAV (pip install 'voxpool[server]'); send a WAV file"
+            ) from None
+        return decode(data, rate, max_seconds)
     layout = wav_layout(data)
     if layout.frames == 0:
         raise AudioError("audio is empty")
@@ -199,44 +213,22 @@ def load_for_model(data: bytes, rate: int, max_seconds: float | None = None) -> 
     )
 
 
-class AudioLimitError(AudioError):
-    """Audio longer than the request may give (``max_audio_seconds``)."""
-
-    def __init__(self, seconds: float, max_seconds: float) -> None:
-        super().__init__(
-            f"the audio is {seconds:.1f} s long; at most {max_seconds:g} s of audio per request (max_audio_seconds)"
-        )
-        self.seconds = seconds
-        self.max_seconds = max_seconds
-
-
 pcm16 = pcm16_bytes
 __all__ = [
+    "MAX_CHANNELS",
     "AudioError",
     "AudioLimitError",
     "WavLayout",
     "b64decode",
     "b64encode",
     "decode_wav",
+    "is_wav",
     "load_for_model",
     "pcm16",
     "resample",
-    "streaming_wav_header",
     "wav_bytes",
     "wav_layout",
 ]
-
-
-def streaming_wav_header(rate: int) -> bytes:
-    """A WAV header for a stream of unknown length (sizes set to the maximum)."""
-    return (
-        b"RIFF"
-        + struct.pack("<I", 0xFFFFFFFF)
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", 0xFFFFFFFF)
-    )
 
 
 def b64decode(text: str, what: str = "audio_base64") -> bytes:

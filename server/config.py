@@ -9,7 +9,8 @@ backends ``numpy`` (alias ``cpu``), ``opencl`` and ``cuda``. With no file,
 Differences from audio.cpp (docs/differences.md): the default backend is
 ``numpy``; the default body limit is 64 MiB (audio.cpp: 2 GiB); ``audio_roots``
 (directories server-local audio paths may be read from; none by default),
-``management_token``, ``max_queue`` and ``memory_budget_mb`` (with per-model ``memory_mb``) are ours; the web
+``management_token``, ``max_queue``, ``memory_budget_mb`` (with per-model ``memory_mb``) and a TTS
+model's ``voice_aliases`` (OpenAI's voice names by default, :data:`OPENAI_VOICES`) are ours; the web
 UI keys (``ui``, ``voice_dir``...) are accepted and ignored.
 """
 
@@ -47,6 +48,28 @@ LOAD_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "silero_vad": {"mode": MODES, "weights": ("safetensors", "onnx")},
 }
 """The ``load_options`` each family accepts, and their allowed values (None: any path string)."""
+FAMILY_VOICES: dict[str, tuple[str, ...]] = {"piper": ("joe", "en_US-joe-medium")}
+"""Each TTS family's voices; the first is its default voice."""
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "cedar",
+    "coral",
+    "echo",
+    "fable",
+    "marin",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+)
+"""OpenAI's speech voice names: by default each (and ``default``) is an alias of a TTS model's
+default voice, so clients written for OpenAI work unchanged (``voice_aliases`` overrides)."""
+MAX_ALIAS_CHARS = 64
+SPEECH_RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "json", "b64_json")
+"""Speech ``response_format`` values (a TTS model's ``default_request_options`` may set one)."""
 IGNORED_MODEL = {"config", "weight", "model_spec_override", "live_ingest", "voice_presets", "default_voice_preset"}
 
 
@@ -73,6 +96,7 @@ class ModelConfig:
     load_options: Mapping[str, Any] = attrs.field(factory=dict)
     session_options: Mapping[str, Any] = attrs.field(factory=dict)
     default_request_options: Mapping[str, str] = attrs.field(factory=dict)
+    voice_aliases: Mapping[str, str] = attrs.field(factory=dict)
 
     def spec(self) -> ModelSpec:
         """The runtime's view of this model."""
@@ -90,7 +114,10 @@ class ModelConfig:
             busy_timeout_ms=self.busy_timeout_ms,
             memory_bytes=self.memory_mb * 1024 * 1024,
             lazy=self.lazy,
-            extra={"default_request_options": dict(self.default_request_options)},
+            extra={
+                "default_request_options": dict(self.default_request_options),
+                "voice_aliases": dict(self.voice_aliases),
+            },
         )
 
 
@@ -208,6 +235,41 @@ def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, 
     return options
 
 
+def default_voice_aliases(family: str) -> dict[str, str]:
+    """The alias table of a family: every OpenAI voice name and ``default`` to its first voice."""
+    voices = FAMILY_VOICES.get(family)
+    return {name: voices[0] for name in (*OPENAI_VOICES, "default")} if voices else {}
+
+
+def _voice_aliases(raw: Mapping[str, Any], family: str, where: str) -> dict[str, str]:
+    """The default alias table with the model's ``voice_aliases`` over it (null removes one)."""
+    table = default_voice_aliases(family)
+    given = raw.get("voice_aliases")
+    if given is None:
+        return table
+    voices = FAMILY_VOICES.get(family)
+    if voices is None:
+        raise ConfigError(f"{where}voice_aliases is only for TTS models")
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{where}voice_aliases must be an object of alias -> voice")
+    for name, voice in given.items():
+        if not name or len(name) > MAX_ALIAS_CHARS or "\0" in name:
+            raise ConfigError(
+                f"{where}voice_aliases names must be 1 to {MAX_ALIAS_CHARS} characters"
+            )
+        if name in voices:
+            raise ConfigError(f"{where}voice_aliases: {name!r} is a voice, not an alias")
+        if voice is None:
+            table.pop(name, None)
+        elif voice in voices:
+            table[name] = voice
+        else:
+            raise ConfigError(
+                f"{where}voice_aliases.{name} must name a voice of {family} ({', '.join(voices)})"
+            )
+    return table
+
+
 def _stringify(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -250,6 +312,10 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
     dro = _options(raw, "default_request_options", where)
+    if FAMILY_TASKS[family] == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
+        raise ConfigError(
+            f"{where}default_request_options.response_format must be one of {', '.join(SPEECH_RESPONSE_FORMATS)}"
+        )
     return ModelConfig(
         id=model_id,
         family=family,
@@ -266,6 +332,7 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
         load_options=load_options,
         session_options=_options(raw, "session_options", where),
         default_request_options={k: _stringify(v) for k, v in dro.items()},
+        voice_aliases=_voice_aliases(raw, family, where),
     )
 
 

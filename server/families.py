@@ -14,7 +14,12 @@ from typing import Any
 import numpy as np
 
 from server.audio import b64encode, pcm16, wav_bytes
-from server.config import ServerConfig
+from server.config import (
+    FAMILY_VOICES,
+    SPEECH_RESPONSE_FORMATS,
+    ServerConfig,
+    default_voice_aliases,
+)
 from server.http.body import integer, number
 from server.http.errors import ApiError, bad, show
 
@@ -38,7 +43,9 @@ VAD_RANGES: dict[str, tuple[float, float]] = {
 VAD_OPEN = frozenset({"threshold"})
 """VAD options whose range excludes its ends."""
 LANGUAGES = ("en", "english", "English")
-SPEECH_FORMATS = ("wav", "pcm", "json", "b64_json")
+SPEECH_FORMATS = SPEECH_RESPONSE_FORMATS
+"""Speech ``response_format`` values: the audio formats of :data:`server.codecs.SPEECH_AUDIO`,
+then ``json`` / ``b64_json`` (a base64 WAV in JSON)."""
 TRANSCRIPT_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
 MAX_BATCH = 64
 """Most entries of one ``/v1/tasks/batch`` request."""
@@ -70,7 +77,7 @@ class TtsAdapter:
     """piper: text in, 22.05 kHz audio out. Streaming needs mode=streaming; batches mode=offline."""
 
     task = "tts"
-    VOICES = ("joe", "en_US-joe-medium")
+    VOICES = FAMILY_VOICES["piper"]
 
     def check(self, spec_id: str, mode: str, what: str) -> None:
         if what == "stream":
@@ -81,10 +88,36 @@ class TtsAdapter:
     def voices(self) -> list[str]:
         return list(self.VOICES)
 
+    @staticmethod
+    def aliases(spec_extra: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """A model's voice aliases (its spec's ``voice_aliases``, else the default table)."""
+        table = (spec_extra or {}).get("voice_aliases")
+        return dict(table) if table is not None else default_voice_aliases("piper")
+
+    def voice(self, given: Any, aliases: Mapping[str, str]) -> str:
+        """The voice a request names: a voice, an alias of one, or OpenAI's ``{"id": name}``."""
+        name = given.get("id") if isinstance(given, Mapping) else given
+        if isinstance(name, str):
+            if name in self.VOICES:
+                return name
+            if name in aliases:
+                return aliases[name]
+        raise bad(
+            f"unknown voice {show(given)}; available: {', '.join(self.VOICES)}"
+            f" (or an alias: {', '.join(sorted(aliases)) or 'none'})"
+        )
+
     def request(
-        self, body: Mapping[str, Any], defaults: Mapping[str, str], config: ServerConfig
+        self,
+        body: Mapping[str, Any],
+        defaults: Mapping[str, str],
+        config: ServerConfig,
+        aliases: Mapping[str, str] | None = None,
     ) -> Any:
-        """The PiperRequest of a body (``input`` or ``text``), with the config's audio limits."""
+        """The PiperRequest of a body (``input`` or ``text``), with the config's audio limits.
+
+        ``voice`` may be a voice or an alias (``aliases``, else the default table).
+        """
         from backends.piper import PiperRequest
 
         merged: dict[str, Any] = {**defaults, **{k: v for k, v in body.items() if v is not None}}
@@ -97,9 +130,8 @@ class TtsAdapter:
             raise bad(
                 f"'input' is too long (at most {config.max_input_chars} characters: max_input_chars)"
             )
-        voice = merged.get("voice")
-        if voice is not None and (not isinstance(voice, str) or voice not in self.VOICES):
-            raise bad(f"unknown voice {show(voice)}; available: {', '.join(self.VOICES)}")
+        if merged.get("voice") is not None:  # one voice: it is checked, not passed on
+            self.voice(merged["voice"], self.aliases() if aliases is None else aliases)
         speed = number(merged, "speed", *SPEECH_RANGES["speed"])
         if speed is None:
             speed = number(merged, "speaking_rate", *SPEECH_RANGES["speaking_rate"])

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.policy import RuntimeKind
+from server.codecs import SPEECH_AUDIO
 from server.config import FAMILY_TASKS, LOAD_OPTIONS, MAX_JSON_INT, MODES, ServerConfig
 from server.families import (
     LANGUAGES,
@@ -111,8 +112,15 @@ def _any(variants: list[Schema]) -> Schema:
     return variants[0] if len(variants) == 1 else {"anyOf": variants}
 
 
-def speech_fields(config: ServerConfig) -> Schema:
-    """A TTS request's fields (without ``model``)."""
+def voice_names(specs: Sequence[ModelSpec]) -> list[str]:
+    """The voice names every TTS model takes (voices and aliases): a name only some models
+    take is left out, so a voice the document allows is one every TTS model accepts."""
+    sets = [{*TtsAdapter.VOICES, *TtsAdapter.aliases(s.extra)} for s in specs if s.task == "tts"]
+    return sorted(set.intersection(*sets)) if sets else list(TtsAdapter.VOICES)
+
+
+def speech_fields(config: ServerConfig, voices: Sequence[str] = TtsAdapter.VOICES) -> Schema:
+    """A TTS request's fields (without ``model``); ``voice`` one of ``voices``."""
     return {
         "input": {
             "type": "string",
@@ -120,16 +128,21 @@ def speech_fields(config: ServerConfig) -> Schema:
             "maxLength": config.max_input_chars,
             "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$",
         },
-        "voice": _enum(TtsAdapter.VOICES),
+        "voice": _enum(voices),
         **{k: _range(lo, hi) for k, (lo, hi) in SPEECH_RANGES.items()},
         "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
     }
 
 
-def speech_body(config: ServerConfig, tts: Sequence[str], streaming: Sequence[str]) -> Schema:
+def speech_body(
+    config: ServerConfig,
+    tts: Sequence[str],
+    streaming: Sequence[str],
+    voices: Sequence[str] = TtsAdapter.VOICES,
+) -> Schema:
     """``/v1/audio/speech``: any TTS model unstreamed; streaming-mode ones may stream."""
     common = {
-        **speech_fields(config),
+        **speech_fields(config, voices),
         "response_format": _enum(SPEECH_FORMATS),
         "busy_timeout_ms": BUSY_TIMEOUT,
     }
@@ -163,7 +176,7 @@ def audio_fields() -> Schema:
         "audio_base64": {
             "type": "string",
             "contentEncoding": "base64",
-            "contentMediaType": "audio/wav",
+            "contentMediaType": "audio/*",
         },
         "audio_path": {"type": "string", "minLength": 1, "pattern": "^[^\\x00]+$"},
     }
@@ -194,10 +207,12 @@ def vad_fields() -> Schema:
     return ranges | {"include_probabilities": B}
 
 
-def task_request(task: str, config: ServerConfig) -> Schema:
+def task_request(
+    task: str, config: ServerConfig, voices: Sequence[str] = TtsAdapter.VOICES
+) -> Schema:
     """The ``request`` object of a generic task (``/v1/tasks/*``) for a model of ``task``."""
     if task == "tts":
-        return _obj(speech_fields(config), ["input"])
+        return _obj(speech_fields(config, voices), ["input"])
     fields = {**audio_fields(), **(asr_fields() if task == "asr" else vad_fields())}
     return {**_obj(fields), "anyOf": AUDIO_SOURCE}
 
@@ -245,7 +260,7 @@ def audio_route(task: str, models: Sequence[str], formats: Sequence[str] | None)
     )
     form = _obj(
         {
-            "file": {"type": "string", "format": "binary", "contentMediaType": "audio/wav"},
+            "file": {"type": "string", "format": "binary", "contentMediaType": "audio/*"},
             "model": _enum(models),
             **form_extra,
             **fmt,
@@ -265,7 +280,7 @@ def by_task(
     for task in ("tts", "asr", "vad"):
         ids = [s.id for s in specs if s.task == task and ok(s)]
         if ids:
-            inner = task_request(task, config)
+            inner = task_request(task, config, voice_names(specs))
             value = {**wrap, "items": inner} if wrap else inner
             variants.append(
                 _obj(
@@ -366,11 +381,19 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
         },
         "/v1/audio/speech": {
             "post": _op(
-                "Text to speech (WAV, PCM, JSON; SSE or raw streaming)",
-                {"application/json": {"schema": speech_body(config, ids["tts"], streaming_tts)}},
+                "Text to speech (MP3, Opus, AAC, FLAC, WAV, PCM, JSON; SSE or raw streaming)",
+                {
+                    "application/json": {
+                        "schema": speech_body(config, ids["tts"], streaming_tts, voice_names(specs))
+                    }
+                },
                 {
                     "description": "audio",
-                    "content": {"audio/wav": {}, "audio/pcm": {}, "text/event-stream": {}},
+                    "content": {
+                        **{f.content_type: {} for f in SPEECH_AUDIO.values()},
+                        "application/json": {},
+                        "text/event-stream": {},
+                    },
                 },
                 400,
                 404,
@@ -405,7 +428,10 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
                 **_op(
                     "Voices of the TTS models (or of one)",
                     None,
-                    {"description": "voices", **_json(_obj({"voices": ARR_S}))},
+                    {
+                        "description": "voices, and the aliases of each TTS model",
+                        **_json(_obj({"voices": ARR_S, "aliases": OBJ, "models": OBJ})),
+                    },
                     404,
                 ),
                 "parameters": [

@@ -15,15 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from backends.piper.api import AudioLimitError as SpeechLimitError
-from server.audio import (
-    AudioError,
-    b64decode,
-    b64encode,
-    load_for_model,
-    pcm16,
-    streaming_wav_header,
-    wav_bytes,
-)
+from server.audio import AudioError, b64decode, b64encode, load_for_model, wav_bytes
+from server.codecs import SPEECH_AUDIO, StreamEncoder, encode_speech, output_rate
 from server.families import SPEECH_FORMATS, TRANSCRIPT_FORMATS, speech_limit_error, timing
 from server.http.body import boolean, busy_timeout, choice, form_fields, is_multipart, json_object
 from server.http.errors import bad
@@ -55,9 +48,12 @@ async def speech(request: Request) -> Response:
     spec = st.spec(body.get("model"), "tts")
     request.state.model = spec.id  # the latency metric's label
     adapter = st.adapter(spec)
-    req = adapter.request(body, spec.extra.get("default_request_options", {}), st.config)
+    defaults = spec.extra.get("default_request_options", {})
+    req = adapter.request(body, defaults, st.config, adapter.aliases(spec.extra))
     timeout = busy_timeout(body)
-    fmt = choice(body, "response_format", SPEECH_FORMATS, "wav")
+    # WAV unless the model's default_request_options say otherwise (docs/server.md: the
+    # openai client sends no response_format unless asked, and OpenAI's default is mp3)
+    fmt = choice(body, "response_format", SPEECH_FORMATS, defaults.get("response_format", "wav"))
     assert fmt is not None
     stream = boolean(body, "stream")
     if body.get("stream_format") is not None or stream:
@@ -80,15 +76,11 @@ async def speech(request: Request) -> Response:
     headers = {
         "X-Voxpool-Wall-Ms": str(info["wall_ms"]),
         "X-Voxpool-Audio-Duration-Ms": str(info["audio_duration_ms"]),
-        "X-Voxpool-Sample-Rate": str(rate),
+        "X-Voxpool-Sample-Rate": str(output_rate(fmt, rate)),
     }
-    if fmt == "pcm":
-        return Response(
-            await anyio.to_thread.run_sync(pcm16, audio), media_type="audio/pcm", headers=headers
-        )
     return Response(
-        await anyio.to_thread.run_sync(wav_bytes, audio, rate),
-        media_type="audio/wav",
+        await anyio.to_thread.run_sync(encode_speech, audio, rate, fmt),
+        media_type=SPEECH_AUDIO[fmt].content_type,
         headers=headers,
     )
 
@@ -134,25 +126,40 @@ async def speech_stream(
         ) as exc:  # a later sentence: the error event (or the cut) says which limit
             raise speech_limit_error(exc, st.config) from None
 
+    rate = int(head[0].sample_rate)
     if stream_format == "sse":
+        # deltas: bare PCM for wav and pcm (as before), else pieces of the format's stream
+        delta_fmt = fmt if fmt in SPEECH_AUDIO and fmt not in ("wav", "pcm") else "pcm"
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            async for chunk in limited():
-                yield {"type": "speech.audio.delta", "audio": b64encode(pcm16(chunk.audio))}
+            async for data in encoded(limited(), delta_fmt, rate):
+                yield {"type": "speech.audio.delta", "audio": b64encode(data)}
             yield {"type": "speech.audio.done", "timing": {"ttft_ms": round(ttft * 1000.0, 3)}}
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
+    raw_fmt = fmt if fmt in SPEECH_AUDIO else "pcm"  # json/b64_json have no raw stream: PCM
+    return LeasedResponse(
+        encoded(limited(), raw_fmt, rate),
+        stack,
+        SPEECH_AUDIO[raw_fmt].content_type,
+        {"X-Voxpool-Sample-Rate": str(output_rate(raw_fmt, rate))},
+    )
 
-    async def audio() -> AsyncIterator[bytes]:
-        header_sent = False
-        async for chunk in limited():
-            if fmt == "wav" and not header_sent:
-                header_sent = True
-                yield streaming_wav_header(int(chunk.sample_rate))
-            yield pcm16(chunk.audio)
 
-    media = "audio/wav" if fmt == "wav" else "application/octet-stream"
-    return LeasedResponse(audio(), stack, media)
+async def encoded(chunks: AsyncIterator[Any], fmt: str, rate: int) -> AsyncIterator[bytes]:
+    """The speech chunks as one stream in ``fmt`` (:class:`~server.codecs.StreamEncoder`),
+    each piece as soon as the encoder gives it; encoding runs in a worker thread."""
+    encoder = StreamEncoder(fmt, rate)
+    try:
+        async for chunk in chunks:
+            data = await anyio.to_thread.run_sync(encoder.encode, chunk.audio)
+            if data:
+                yield data
+        tail = await anyio.to_thread.run_sync(encoder.finish)
+        if tail:
+            yield tail
+    finally:
+        encoder.close()
 
 
 async def audio_input(
@@ -165,8 +172,11 @@ async def audio_input(
 ) -> np.ndarray:
     """The request's audio at ``rate``: an uploaded file, base64, or a server-local path.
 
-    Reading, base64 and WAV decoding and resampling run in a worker thread;
-    audio longer than ``max_seconds`` is refused from its header, before decoding.
+    Any format of :data:`server.codecs.INPUT_FORMATS`, recognised from its
+    content (``filename`` is not consulted). Reading, base64, decoding and
+    resampling run in a worker thread; audio longer than ``max_seconds`` is
+    refused from its header (a WAV) or stated duration (other containers) before
+    decoding, and a decode stops as soon as it passes ``max_seconds``.
     """
     encoded: str | None = None
     path: Any = None
@@ -181,8 +191,6 @@ async def audio_input(
             )
             if path is None:
                 raise bad("audio is required: upload a 'file', or give 'audio_base64'")
-    if filename and "." in filename and not filename.lower().endswith(".wav"):
-        raise bad("only WAV uploads are supported")
 
     def work() -> np.ndarray:
         try:
@@ -330,6 +338,12 @@ async def voices(request: Request) -> Response:
     if model is None:
         tts = [s for s in st.runtime.specs.values() if s.task == "tts"]
         names = sorted({v for s in tts for v in st.adapter(s).voices()})
-        return JSONResponse({"voices": names})
+        models = {
+            s.id: {"voices": st.adapter(s).voices(), "aliases": st.adapter(s).aliases(s.extra)}
+            for s in tts
+        }
+        return JSONResponse({"voices": names, "models": models})
     spec = st.spec(model)
-    return JSONResponse({"voices": st.adapter(spec).voices()})
+    adapter = st.adapter(spec)
+    aliases = adapter.aliases(spec.extra) if spec.task == "tts" else {}
+    return JSONResponse({"voices": adapter.voices(), "aliases": aliases})

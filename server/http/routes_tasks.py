@@ -37,7 +37,8 @@ async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any], audio_sec
     if spec.task == "tts":
         if "text" in req and "input" not in req:
             req["input"] = req["text"]
-        return adapter.request(req, spec.extra.get("default_request_options", {}), st.config)
+        defaults = spec.extra.get("default_request_options", {})
+        return adapter.request(req, defaults, st.config, adapter.aliases(spec.extra))
     adapter.check_fields(req)
     audio = await audio_input(st, req, None, None, adapter.sample_rate, audio_seconds)
     return adapter.request(req, audio)
