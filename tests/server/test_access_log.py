@@ -9,6 +9,7 @@ lines are written (status polls at debug, the rest at info).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 from server.cli import build_parser
 from tests.server.gated import HANG_GUARD_S, serving, wait_until
-from tests.server.live import DATA, HELLO_WAV, LiveServer
+from tests.server.live import DATA, HELLO_WAV, LiveServer, in_thread, sse_events
 
 GENERATED = re.compile(r"[0-9a-f]{16}")
 ACCESS = re.compile(
@@ -159,6 +160,44 @@ def test_a_500_names_one_id_in_its_body_header_traceback_and_access_line(tmp_pat
         assert logged, log[-3000:]
         after = log[logged.end() :]
         assert "Traceback" in after and "injected load failure for 'silero_vad'" in after
+
+
+def test_a_stream_is_logged_once_when_it_ends(main_server: LiveServer, http: httpx.Client) -> None:
+    body = {"model": "piper", "input": "One sentence. And another one.", "stream": True}
+    with http.stream(
+        "POST", "/v1/audio/speech", json=body, headers={"X-Request-Id": "stream-1"}
+    ) as resp:
+        assert resp.status_code == 200 and resp.headers["x-request-id"] == "stream-1"
+        events = sse_events(resp.iter_lines())
+    assert events[-1] == "[DONE]"
+    line = access_line(main_server, "stream-1")
+    assert (line["path"], line["status"], line["model"]) == ("/v1/audio/speech", "200", "piper")
+    assert sum(found["id"] == "stream-1" for found in access_lines(main_server)) == 1
+
+
+def test_a_client_gone_before_the_response_is_logged_as_499(tmp_path: Path) -> None:
+    with serving(DATA / "main.json", tmp_path) as server, server.held("tts1") as step:
+        holder = in_thread(
+            lambda: httpx.post(
+                server.url + "/v1/audio/speech",
+                json={"model": "tts1", "input": "I hold the only slot."},
+                timeout=HANG_GUARD_S,
+            )
+        )
+        server.wait_arrived("tts1", step + 1)  # tts1's one slot, held at the gate
+        data = json.dumps({"model": "tts1", "input": "Nobody waits for this."}).encode()
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: gone-1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S) as sock:
+            sock.sendall(head.encode() + data)
+            server.wait_for("tts1", lambda row: row["queued_requests"] == 1)
+        # the client closed while queued: the request leaves the queue and ends without a response
+        line = access_line(server, "gone-1")
+        assert (line["path"], line["status"], line["model"]) == ("/v1/audio/speech", "499", "tts1")
+        server.open("tts1")
+        assert holder.result(timeout=HANG_GUARD_S).status_code == 200
 
 
 LEVEL_REQUESTS = (
