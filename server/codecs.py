@@ -50,6 +50,8 @@ ESTIMATE_SLACK = 1.25
 decoded duration decides the rest."""
 MIN_CAPACITY_S = 30.0
 """Seconds of output allocated at first when the container does not say its duration."""
+MAX_CAPACITY_S = 600.0
+"""At most this many seconds allocated at first, whatever the container says (it may lie)."""
 
 
 def _mpeg_kind(head: bytes) -> str | None:
@@ -75,7 +77,9 @@ def sniff(data: bytes) -> str | None:
         return "aiff"
     if len(data) >= 12 and data[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip"):
         return "mov"
-    if data[:3] == b"ID3" and len(data) >= 10:
+    if data[:3] == b"ID3":  # an ID3v2 tag, then (usually) MPEG audio
+        if len(data) < 10:
+            return "mp3"
         size = (
             (data[6] & 0x7F) << 21 | (data[7] & 0x7F) << 14 | (data[8] & 0x7F) << 7 | data[9] & 0x7F
         )
@@ -99,6 +103,8 @@ def _reported_seconds(container: Any, stream: Any) -> float | None:
 
 
 def _check_stream(stream: Any) -> None:
+    if stream.codec_context is None:  # FFmpeg has no decoder for it (or the id is garbage)
+        raise AudioError("the file's audio codec is not supported")
     name = stream.codec_context.name
     if name not in DECODERS and not name.startswith("pcm_"):
         raise AudioError(f"audio codec {name!r} is not supported")
@@ -148,7 +154,8 @@ def decode(data: bytes, rate: int, max_seconds: float | None = None) -> np.ndarr
             slack = ESTIMATE_SLACK if demuxer in ESTIMATED else 1.0
             if reported > max_seconds * slack:
                 raise AudioLimitError(reported, max_seconds)
-        capacity = math.ceil(rate * (reported if reported else MIN_CAPACITY_S)) + rate
+        guess = reported if reported is not None and reported > 0 else MIN_CAPACITY_S
+        capacity = math.ceil(rate * min(guess, MAX_CAPACITY_S)) + rate
         if limit is not None:
             capacity = min(capacity, limit + 1)
         out = np.empty(max(capacity, 1), dtype=np.float32)

@@ -7,6 +7,7 @@ tests/server/test_formats.py.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import wave
 from collections.abc import Iterator
@@ -123,6 +124,7 @@ def test_wav_never_reaches_pyav(monkeypatch: pytest.MonkeyPatch) -> None:
         (b"#EXTM3U\n#EXTINF:1,\nfile:///etc/passwd\n", "not a WAV file"),  # HLS: never probed
         (b"ffconcat version 1.0\nfile /etc/passwd\n", "not a WAV file"),  # concat demuxer
         (b"ID3\x03\x00fake mp3", "could not be read as mp3"),
+        (b"ID3\x03junk", "could not be read as mp3"),  # shorter than an ID3v2 header
         (b"OggS" + b"\0" * 100, "could not be read as ogg"),
         (b"fLaC" + b"\xff" * 50, "could not be read as flac"),
         (b"\x00\x00\x00\x1cftypisom" + b"\0" * 40, "could not be read as mov"),
@@ -372,3 +374,32 @@ def test_the_same_samples_give_the_same_bytes(fmt: str) -> None:
         encoder = codecs.StreamEncoder(fmt, rate)
         streams.append(encoder.encode(audio) + encoder.finish())
     assert streams[0] == streams[1]
+
+
+@pytest.mark.parametrize(
+    ("codec_id", "message"),
+    [
+        (b"A_QQQQ", "the file's audio codec is not supported"),  # FFmpeg knows no such codec
+        (b"A_AC3\x00", "audio codec 'ac3' is not supported"),  # FFmpeg does, we do not take it
+        (b"V_FLAC", "no audio stream"),
+    ],
+)
+def test_codecs_outside_the_list_are_refused(codec_id: bytes, message: str) -> None:
+    data = encode_as(HELLO, "mkv")
+    at = data.index(b"A_FLAC")
+    with pytest.raises(AudioError, match=message):
+        load_for_model(data[:at] + codec_id + data[at + 6 :], 16000)
+
+
+def test_mutated_files_raise_only_audio_errors() -> None:
+    """Seeded corruptions of every format: a 400, or audio; never another exception (a 500)."""
+    rng = np.random.default_rng(12)
+    for ext in UPLOADS:
+        good = encode_as(HELLO, ext)
+        for _ in range(60):
+            data = bytearray(good)
+            for at in rng.integers(0, len(data), size=int(rng.integers(1, 12))):
+                data[at] = int(rng.integers(0, 256))
+            data = data[: int(rng.integers(8, len(data) + 1))]
+            with contextlib.suppress(AudioError):
+                load_for_model(bytes(data), 16000, max_seconds=600)
