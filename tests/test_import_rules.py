@@ -95,3 +95,68 @@ def test_sim_imports_core_and_runtime_only(path: Path) -> None:
 def test_the_rules_see_every_package() -> None:
     assert modules("core"), "core has modules"
     assert modules("backends"), "backends has modules"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (anywhere, TYPE_CHECKING blocks
+    included: a cycle hidden behind TYPE_CHECKING is still two modules that need each other).
+    ``from pkg import sub`` depends on the submodule ``pkg.sub``, not on ``pkg``."""
+    modules: dict[str, Path] = {}
+    for package in sorted(PROJECT):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                subs = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [s for s in subs if s in modules] or [node.module]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative order)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    graph = module_graph()
+    assert len(graph) > 50, "the graph sees every module"
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
