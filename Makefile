@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint bench venv
+.PHONY: serve test lint lint-types bench venv
 
 venv: $(STAMP)
 
@@ -22,7 +22,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict core/
+	$(VENV)/bin/ruff format --check .
+	$(MAKE) lint-types
+
+lint-types: $(STAMP)
+	$(VENV)/bin/mypy --strict core sim server backends
 
 bench: $(STAMP)
 	$(PY) bench/core.py

@@ -37,10 +37,13 @@ class ArrayBackend(Protocol):
     def transpose(self, x: Array, axes: Sequence[int]) -> Array: ...
     def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
     def slice(self, x: Array, axis: int, start: int, stop: int) -> Array: ...
-    def pad(self, x: Array, axis: int, before: int, after: int, mode: str = "constant") -> Array: ...
+    def pad(
+        self, x: Array, axis: int, before: int, after: int, mode: str = "constant"
+    ) -> Array: ...
     def take(self, x: Array, indices: np.ndarray, axis: int) -> Array:
         """Gather along ``axis`` by host int indices (embedding rows, flips, length regulation)."""
         ...
+
     def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
         """Copy ``src`` into ``dst`` in place at ``start`` along ``axis`` (preallocated KV caches)."""
         ...
@@ -98,7 +101,9 @@ class ArrayBackend(Protocol):
         """``x`` [B, Cin, T], ``w`` [Cin, Cout/groups, K] (torch layout)."""
         ...
 
-    def layer_norm(self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5) -> Array:
+    def layer_norm(
+        self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
+    ) -> Array:
         """Normalise over the last axis."""
         ...
 
@@ -133,4 +138,3 @@ def session_backend(backend: ArrayBackend) -> ArrayBackend:
     """
     fork = getattr(backend, "fork", None)
     return fork() if fork is not None else backend
-

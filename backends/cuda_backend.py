@@ -38,10 +38,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _BLOCK = 256  # threads per block of the row kernels (a power of two)
 _CONV_CHUNK = 1 << 26  # im2col elements per time chunk (256 MB of float32)
 
-_CUDA_SOURCE = r"""
+_CUDA_SOURCE = (
+    r"""
 #define RB 256
 
-""" + c_source("__device__", "fminf(fmaxf(x, -4.0f), 4.0f)") + r"""
+"""
+    + c_source("__device__", "fminf(fmaxf(x, -4.0f), 4.0f)")
+    + r"""
 __device__ float vox_max(float a, float b) { return (b > a || isnan(b)) ? b : a; }
 
 __device__ float block_reduce(float* buf, float v, int op) {
@@ -132,6 +135,7 @@ extern "C" __global__ void lstm_step(float* h_out, float* c, const float* h_in, 
     h_out[ci] = og * tanhf(cn);
 }
 """
+)
 
 _modules: dict[int, Any] = {}
 _modules_lock = threading.Lock()
@@ -589,5 +593,3 @@ def _gelu_xp(xp: Any, x: Array) -> Array:
     q = q + ERF_BETA[-1]
     erf = (p * z) / q
     return (np.float32(0.5) * x * (np.float32(1.0) + erf)).astype(np.float32, copy=False)
-
-

@@ -180,7 +180,9 @@ class NumpyBackend:
             y = y + b[None, :, None]
         return np.ascontiguousarray(y)
 
-    def layer_norm(self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5) -> Array:
+    def layer_norm(
+        self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
+    ) -> Array:
         # np.mean's own steps without its Python overhead (~20 us a call on small rows)
         n = np.intp(x.shape[-1])
         mean = np.add.reduce(x, axis=-1, keepdims=True)
@@ -320,7 +322,6 @@ def _erf(x: np.ndarray) -> np.ndarray:
     p *= x
     p /= q
     return p
-
 
 
 _COLS_BYTES = 1 << 21

@@ -39,7 +39,6 @@ TEXTS = {
 }
 
 
-
 def _interleaved(
     fns: tuple[Callable[[], float], Callable[[], float]], repeats: int
 ) -> list[tuple[float, float, float]]:

@@ -31,7 +31,6 @@ CONTEXT = 64
 MODEL = "silero_vad"
 
 
-
 def _interleaved(
     fns: dict[str, Callable[[], object]], repeats: int, calls: int = 1
 ) -> dict[str, float]:

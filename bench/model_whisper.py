@@ -41,7 +41,6 @@ def _use_repo_root() -> None:
         sys.path.insert(0, str(ROOT))
 
 
-
 def _fixtures() -> list[tuple[str, np.ndarray]]:
     out = []
     for meta in json.loads((DATA / "fixtures.json").read_text()):
@@ -105,9 +104,7 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
         for name, audio in _fixtures():
             seconds = len(audio) / 16000
             request = WhisperRequest(audio)
-            fns: dict[str, Callable[[], object]] = {
-                ours: lambda r=request: session.run(r)
-            }
+            fns: dict[str, Callable[[], object]] = {ours: lambda r=request: session.run(r)}
             for impl, model in peers.items():
                 fns[impl] = lambda m=model, a=audio: _peer_run(m, a)
             medians = _interleaved(fns, repeats)

@@ -31,7 +31,11 @@ def load(name: str) -> Any:
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add ``ratio`` = our median / this row's median, per (model, input)."""
-    ours = {(r["model"], r["input"]): float(r["median_ms"]) for r in rows if str(r["impl"]).startswith("voxpool-")}
+    ours = {
+        (r["model"], r["input"]): float(r["median_ms"])
+        for r in rows
+        if str(r["impl"]).startswith("voxpool-")
+    }
     out = []
     for r in rows:
         mine = ours.get((r["model"], r["input"]))

@@ -36,7 +36,13 @@ def workload(requests: int = 1000, virtual: float = 600.0, seed: int = 7) -> Sce
     """The benchmark scenario: random arrivals and durations, management every few seconds."""
     rng = random.Random(seed)
     models = tuple(
-        ModelDef(m, slots=s, path="rev0", lazy=True, script={"capacity": 8, "load_time": 0.4, "run_time": 1.0})
+        ModelDef(
+            m,
+            slots=s,
+            path="rev0",
+            lazy=True,
+            script={"capacity": 8, "load_time": 0.4, "run_time": 1.0},
+        )
         for m, s in zip(MODELS, (2, 4, 4, 1), strict=True)
     )
     actions: list[Action] = []
@@ -112,7 +118,9 @@ def main() -> int:
     outcomes = collections.Counter(o.outcome for o in result.outcomes.values())
     mgmt = sum(1 for a in scenario.actions if a.do not in ("request", "stream", "batch"))
     print(f"{scenario.name}: {len(scenario.actions)} actions ({mgmt} management)")
-    print(f"outcomes: {dict(sorted(outcomes.items()))}; violations: {len(result.violations)}; stalled: {result.stalled}")
+    print(
+        f"outcomes: {dict(sorted(outcomes.items()))}; violations: {len(result.violations)}; stalled: {result.stalled}"
+    )
     print()
     print("| figure | value |")
     print("|---|---:|")

@@ -32,7 +32,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = (ROOT / "tests" / "data" / "server" / "audio" / "hello.wav").read_bytes()
-TEXTS = ("Hello world.", "The quick brown fox jumps over the lazy dog.", "Soak testing keeps servers honest.")
+TEXTS = (
+    "Hello world.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Soak testing keeps servers honest.",
+)
 ROUTES = ("speech", "speech_sse", "transcribe", "vad", "models", "health")
 WEIGHTS = (3, 2, 2, 2, 1, 1)
 
@@ -54,7 +58,9 @@ async def one(client: httpx.AsyncClient, route: str, rng: random.Random) -> int:
     """One request on ``route``; the status code (499: the client left on purpose)."""
     text = rng.choice(TEXTS)
     if route == "speech":
-        r = await client.post("/v1/audio/speech", json={"model": "piper", "input": text, "response_format": "wav"})
+        r = await client.post(
+            "/v1/audio/speech", json={"model": "piper", "input": text, "response_format": "wav"}
+        )
         return r.status_code
     if route == "speech_sse":
         body = {"model": "piper", "input": text, "stream": True}
@@ -106,15 +112,28 @@ async def soak(url: str, pid: int, clients: int, seconds: float, seed: int) -> d
         deadline = time.monotonic() + 60.0  # a hang guard: the counters must drain
         while True:
             rows = (await client.get("/v1/models")).json()["data"]
-            busy = {r["id"]: (r["active_slots"], r["queued_requests"], r["queued_management"]) for r in rows}
+            busy = {
+                r["id"]: (r["active_slots"], r["queued_requests"], r["queued_management"])
+                for r in rows
+            }
             if all(v == (0, 0, 0) for v in busy.values()) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)
-    return {"latencies": latencies, "statuses": statuses, "memory": memory, "counters": busy, "wall": time.monotonic() - start}
+    return {
+        "latencies": latencies,
+        "statuses": statuses,
+        "memory": memory,
+        "counters": busy,
+        "wall": time.monotonic() - start,
+    }
 
 
 def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+        if len(values) > 1
+        else values[0]
+    )
 
 
 def report(out: dict[str, object], clients: int, seconds: float) -> bool:
@@ -130,7 +149,9 @@ def report(out: dict[str, object], clients: int, seconds: float) -> bool:
         if not lat:
             continue
         codes = ", ".join(f"{code}: {n}" for (r, code), n in sorted(statuses.items()) if r == route)
-        print(f"| {route} | {len(lat)} | {codes} | {pct(lat, 50):.2f} s | {pct(lat, 95):.2f} s | {pct(lat, 99):.2f} s |")
+        print(
+            f"| {route} | {len(lat)} | {codes} | {pct(lat, 50):.2f} s | {pct(lat, 95):.2f} s | {pct(lat, 99):.2f} s |"
+        )
     histogram = Counter[int]()
     for (_, code), n in statuses.items():
         histogram[code] += n
@@ -141,7 +162,11 @@ def report(out: dict[str, object], clients: int, seconds: float) -> bool:
         f"end {memory['end']:.0f} MiB ({'flat' if flat else 'GREW'}: end/warm = {memory['end'] / memory['warm']:.3f})"
     )
     drained = all(v == (0, 0, 0) for v in counters.values())
-    print("counters after the run (active, queued requests, queued management):", counters, "OK" if drained else "NOT DRAINED")
+    print(
+        "counters after the run (active, queued requests, queued management):",
+        counters,
+        "OK" if drained else "NOT DRAINED",
+    )
     unexpected = {code for code in histogram if code not in (200, 499)}
     if unexpected:
         print("unexpected statuses:", sorted(unexpected))
@@ -149,7 +174,9 @@ def report(out: dict[str, object], clients: int, seconds: float) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=180.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -157,7 +184,9 @@ def main() -> int:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "server.cli", "serve", "--parallel-jobs", "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120.0

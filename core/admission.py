@@ -274,7 +274,12 @@ class Admission:
         if overrun(self._exclusive_since, now, timeout):
             return Reason.EXCLUSIVE_OVERDUE
         occupied = [s for s in self._since[: self.count] if s is not None]
-        if occupied and self._exclusive is None and timeout > 0 and all(overrun(s, now, timeout) for s in occupied):
+        if (
+            occupied
+            and self._exclusive is None
+            and timeout > 0
+            and all(overrun(s, now, timeout) for s in occupied)
+        ):
             return Reason.SLOTS_OVERDUE
         return None
 
@@ -316,7 +321,9 @@ class Admission:
         else:
             slot = lease.request_slot()
             held = now - lease.granted_at
-            self._hold_ewma = held if self._hold_ewma is None else 0.8 * self._hold_ewma + 0.2 * held
+            self._hold_ewma = (
+                held if self._hold_ewma is None else 0.8 * self._hold_ewma + 0.2 * held
+            )
             self._holder[slot] = None
             self._since[slot] = None
             self._active -= 1

@@ -67,7 +67,9 @@ class GuardAdmission(Admission):
     def configure(self, slots: int, *, bump_generation: bool = True) -> int:
         """The original runtime has exactly one session per model."""
         if slots != 1:
-            raise ValueError("the original runtime has one session per model (slots requires --parallel-jobs)")
+            raise ValueError(
+                "the original runtime has one session per model (slots requires --parallel-jobs)"
+            )
         return super().configure(1, bump_generation=bump_generation)
 
     def _lock_free(self) -> bool:

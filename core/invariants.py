@@ -34,14 +34,22 @@ def check_admission(adm: Admission, now: float) -> list[Violation]:
     out: list[Violation] = []
     m = adm.model
     occupied = adm.occupied()
-    request_leases = [lease for lease in adm.ledger.active.values() if lease.kind is LeaseKind.REQUEST]
-    mgmt_leases = [lease for lease in adm.ledger.active.values() if lease.kind is LeaseKind.MANAGEMENT]
+    request_leases = [
+        lease for lease in adm.ledger.active.values() if lease.kind is LeaseKind.REQUEST
+    ]
+    mgmt_leases = [
+        lease for lease in adm.ledger.active.values() if lease.kind is LeaseKind.MANAGEMENT
+    ]
     if len(occupied) > adm.count:
         out.append(Violation(2, m, f"{len(occupied)} active leases exceed {adm.count} slots"))
     slots = [lease.slot for lease in request_leases]
     if len(slots) != len(set(slots)):
-        out.append(Violation(2, m, f"a slot is held by two leases: {sorted(s or 0 for s in slots)}"))
-    if {lease.slot: lease.ticket for lease in request_leases} != {s: t for s, (t, _) in occupied.items()}:
+        out.append(
+            Violation(2, m, f"a slot is held by two leases: {sorted(s or 0 for s in slots)}")
+        )
+    if {lease.slot: lease.ticket for lease in request_leases} != {
+        s: t for s, (t, _) in occupied.items()
+    }:
         out.append(Violation(2, m, "slot table and lease ledger disagree"))
     if len(mgmt_leases) > 1:
         out.append(Violation(2, m, "two management leases at once"))
@@ -51,24 +59,36 @@ def check_admission(adm: Admission, now: float) -> list[Violation]:
         out.append(Violation(2, m, f"double release of tickets {adm.ledger.double_releases}"))
     for lease in request_leases:
         if lease.generation != adm.generation:
-            out.append(Violation(4, m, f"ticket {lease.ticket} holds generation {lease.generation}, current {adm.generation}"))
+            out.append(
+                Violation(
+                    4,
+                    m,
+                    f"ticket {lease.ticket} holds generation {lease.generation}, current {adm.generation}",
+                )
+            )
     waiters = list(adm.waiters())
     if waiters:
         head = waiters[0]
         if head.deadline is None or head.deadline > now:
             exclusive = adm.exclusive_ticket is not None
             if head.kind is LeaseKind.REQUEST and not exclusive and len(occupied) < adm.count:
-                out.append(Violation(3, m, f"ticket {head.ticket} waits at the head with a free slot"))
+                out.append(
+                    Violation(3, m, f"ticket {head.ticket} waits at the head with a free slot")
+                )
             if head.kind is LeaseKind.MANAGEMENT and not exclusive and not occupied:
-                out.append(Violation(3, m, f"manager {head.ticket} waits at the head of an idle model"))
+                out.append(
+                    Violation(3, m, f"manager {head.ticket} waits at the head of an idle model")
+                )
     for w in waiters:
         if w.deadline is not None and w.deadline < now:
-            out.append(Violation(8, m, f"ticket {w.ticket} still queued past its deadline {w.deadline}"))
+            out.append(
+                Violation(8, m, f"ticket {w.ticket} still queued past its deadline {w.deadline}")
+            )
     state = adm.state()
     kinds = [w.kind for w in waiters]
-    if state.queued_requests != kinds.count(LeaseKind.REQUEST) or state.queued_management != kinds.count(
-        LeaseKind.MANAGEMENT
-    ):
+    if state.queued_requests != kinds.count(
+        LeaseKind.REQUEST
+    ) or state.queued_management != kinds.count(LeaseKind.MANAGEMENT):
         out.append(Violation(1, m, "queue counters disagree with the queue"))
     return out
 
@@ -80,12 +100,22 @@ def check_registry(registry: Registry, now: float) -> list[Violation]:
         adm, life = entry.admission, entry.lifecycle
         out.extend(check_admission(adm, now))
         if (life.state is ModelState.LOADING) != (life.initializer is not None):
-            out.append(Violation(7, entry.id, f"state {life.state.value} with initializer {life.initializer}"))
+            out.append(
+                Violation(
+                    7, entry.id, f"state {life.state.value} with initializer {life.initializer}"
+                )
+            )
         if life.loads_published > life.loads_started:
             out.append(Violation(7, entry.id, "more pools published than loads started"))
-        if life.state in (ModelState.READY, ModelState.RECONFIGURING) and life.pool_generation is None:
+        if (
+            life.state in (ModelState.READY, ModelState.RECONFIGURING)
+            and life.pool_generation is None
+        ):
             out.append(Violation(7, entry.id, "ready without a published pool"))
-        if life.state in (ModelState.UNLOADING, ModelState.RECONFIGURING) and adm.exclusive_ticket is None:
+        if (
+            life.state in (ModelState.UNLOADING, ModelState.RECONFIGURING)
+            and adm.exclusive_ticket is None
+        ):
             out.append(Violation(6, entry.id, f"{life.state.value} without the exclusive lease"))
         if life.state is ModelState.READY and life.pool_generation != adm.generation:
             out.append(Violation(4, entry.id, "ready pool is not of the current generation"))
@@ -93,7 +123,11 @@ def check_registry(registry: Registry, now: float) -> list[Violation]:
     resident = [e for e in registry.entries() if e.resident]
     if limits.max_loaded_models > 0 and len(resident) > limits.max_loaded_models:
         out.append(
-            Violation(5, "*", f"{len(resident)} resident models exceed max_loaded_models={limits.max_loaded_models}")
+            Violation(
+                5,
+                "*",
+                f"{len(resident)} resident models exceed max_loaded_models={limits.max_loaded_models}",
+            )
         )
     if limits.memory_budget > 0 and sum(e.memory_bytes for e in resident) > limits.memory_budget:
         out.append(Violation(5, "*", "resident memory exceeds the budget"))

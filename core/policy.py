@@ -136,9 +136,13 @@ def validate_timeout_ms(value: object, name: str = "busy_timeout_ms") -> Valid |
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}")
+        return Invalid(
+            Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}"
+        )
     if not 0 <= value <= TIMEOUT_MS_MAX:
-        return Invalid(Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}")
+        return Invalid(
+            Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}"
+        )
     return Valid(value)
 
 

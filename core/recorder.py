@@ -28,7 +28,10 @@ Sink = Callable[[TraceRecord], None]
 
 def wakeup_fields(w: Wakeups) -> dict[str, Any]:
     """Grants as ``[ticket, slot]`` (slot None: a manager) and expiries as tickets, in dispatch order."""
-    return {"granted": [[lease.ticket, lease.slot] for lease in w.granted], "expired": [e.ticket for e in w.expired]}
+    return {
+        "granted": [[lease.ticket, lease.slot] for lease in w.granted],
+        "expired": [e.ticket for e in w.expired],
+    }
 
 
 def decision_fields(d: Decision) -> dict[str, Any]:
@@ -36,7 +39,13 @@ def decision_fields(d: Decision) -> dict[str, Any]:
     or rejected (reason, Retry-After seconds)."""
     if isinstance(d, Granted):
         lease = d.lease
-        return {"outcome": "granted", "ticket": lease.ticket, "slot": lease.slot, "generation": lease.generation, "fast": d.fast}
+        return {
+            "outcome": "granted",
+            "ticket": lease.ticket,
+            "slot": lease.slot,
+            "generation": lease.generation,
+            "fast": d.fast,
+        }
     if isinstance(d, Queued):
         return {"outcome": "queued", "position": d.position}
     retry = None if d.retry_after is None else d.retry_after.seconds
@@ -60,7 +69,9 @@ def teardown_fields(d: Teardown | Nothing) -> dict[str, Any]:
 
 def describe_wakeups(w: Wakeups) -> str:
     """``granted=[t:slot...] expired=[t...]`` in dispatch order."""
-    granted = ",".join(f"{lease.ticket}:{'x' if lease.slot is None else lease.slot}" for lease in w.granted)
+    granted = ",".join(
+        f"{lease.ticket}:{'x' if lease.slot is None else lease.slot}" for lease in w.granted
+    )
     expired = ",".join(str(e.ticket) for e in w.expired)
     return f"granted=[{granted}] expired=[{expired}]"
 
@@ -131,28 +142,56 @@ class Core:
         return ticket
 
     # ----------------------------------------------------------- registration
-    def register(self, model: str, slots: int, memory_bytes: int, now: float) -> Registered | Existing:
+    def register(
+        self, model: str, slots: int, memory_bytes: int, now: float
+    ) -> Registered | Existing:
         r = self.registry.register(model, slots=slots, now=now, memory_bytes=memory_bytes)
         summary = f"registered ticket={r.lease.ticket}" if isinstance(r, Registered) else "existing"
         ticket = r.lease.ticket if isinstance(r, Registered) else None
-        fields = {"outcome": "registered" if isinstance(r, Registered) else "existing", "ticket": ticket}
-        self._record(now, model, "register", {"slots": slots, "memory_bytes": memory_bytes}, summary, fields=fields)
+        fields = {
+            "outcome": "registered" if isinstance(r, Registered) else "existing",
+            "ticket": ticket,
+        }
+        self._record(
+            now,
+            model,
+            "register",
+            {"slots": slots, "memory_bytes": memory_bytes},
+            summary,
+            fields=fields,
+        )
         return r
 
     # -------------------------------------------------------------- admission
     def request(self, model: str, ticket: int, now: float, timeout: float) -> Decision:
         d = self.entry(model).admission.request(ticket, now, timeout)
-        self._record(now, model, "request", {"ticket": ticket, "timeout": timeout}, *describe_decision(d), decision_fields(d))
+        self._record(
+            now,
+            model,
+            "request",
+            {"ticket": ticket, "timeout": timeout},
+            *describe_decision(d),
+            decision_fields(d),
+        )
         return d
 
     def manage(self, model: str, ticket: int, now: float, timeout: float) -> Decision:
         d = self.entry(model).admission.manage(ticket, now, timeout)
-        self._record(now, model, "manage", {"ticket": ticket, "timeout": timeout}, *describe_decision(d), decision_fields(d))
+        self._record(
+            now,
+            model,
+            "manage",
+            {"ticket": ticket, "timeout": timeout},
+            *describe_decision(d),
+            decision_fields(d),
+        )
         return d
 
     def try_acquire(self, model: str, ticket: int, now: float) -> Granted | Rejected:
         d = self.entry(model).admission.try_acquire(ticket, now)
-        self._record(now, model, "try_acquire", {"ticket": ticket}, *describe_decision(d), decision_fields(d))
+        self._record(
+            now, model, "try_acquire", {"ticket": ticket}, *describe_decision(d), decision_fields(d)
+        )
         return d
 
     def release(self, model: str, ticket: int, now: float) -> Released:
@@ -161,13 +200,31 @@ class Core:
         used = r.lease is not None and r.lease.kind is LeaseKind.REQUEST
         if used:  # the end of a use: idle retirement and LRU eviction count from here
             self.registry.touch(entry, now)
-        summary = ("double " if r.double else "") + describe_wakeups(r.wakeups) + (" used" if used else "")
-        self._record(now, model, "release", {"ticket": ticket}, summary, fields={"double": r.double, "used": used, **wakeup_fields(r.wakeups)})
+        summary = (
+            ("double " if r.double else "")
+            + describe_wakeups(r.wakeups)
+            + (" used" if used else "")
+        )
+        self._record(
+            now,
+            model,
+            "release",
+            {"ticket": ticket},
+            summary,
+            fields={"double": r.double, "used": used, **wakeup_fields(r.wakeups)},
+        )
         return r
 
     def cancel(self, model: str, ticket: int, now: float) -> Cancelled:
         c = self.entry(model).admission.cancel(ticket, now)
-        self._record(now, model, "cancel", {"ticket": ticket}, f"{c.was} {describe_wakeups(c.wakeups)}", fields={"was": c.was, **wakeup_fields(c.wakeups)})
+        self._record(
+            now,
+            model,
+            "cancel",
+            {"ticket": ticket},
+            f"{c.was} {describe_wakeups(c.wakeups)}",
+            fields={"was": c.was, **wakeup_fields(c.wakeups)},
+        )
         return c
 
     def expire(self, model: str, now: float) -> Wakeups:
@@ -180,7 +237,9 @@ class Core:
         self._record(now, model, "stop_admitting", {}, "ok")
 
     # -------------------------------------------------------------- lifecycle
-    def ensure_loaded(self, model: str, ticket: int, now: float) -> Proceed | WaitLoad | RoomDecision:
+    def ensure_loaded(
+        self, model: str, ticket: int, now: float
+    ) -> Proceed | WaitLoad | RoomDecision:
         d = self.registry.ensure_loaded(self.entry(model), ticket, now)
         if isinstance(d, Proceed):
             summary, reason = f"proceed gen={d.generation}", ""
@@ -195,27 +254,58 @@ class Core:
 
     def begin_load(self, model: str, start: StartLoad, now: float) -> RoomDecision:
         d = self.registry.begin_load(self.entry(model), start, now)
-        self._record(now, model, "begin_load", {"ticket": start.ticket, "generation": start.generation}, *describe_room(d), room_fields(d))
+        self._record(
+            now,
+            model,
+            "begin_load",
+            {"ticket": start.ticket, "generation": start.generation},
+            *describe_room(d),
+            room_fields(d),
+        )
         return d
 
     def load_succeeded(self, model: str, ticket: int, capacity: int, now: float) -> LoadOutcome:
         entry = self.entry(model)
         outcome = entry.lifecycle.load_succeeded(ticket)
         entry.capacity = capacity
-        self._record(now, model, "load_succeeded", {"ticket": ticket, "capacity": capacity}, f"proceed={list(outcome.proceed)}", fields={"proceed": list(outcome.proceed)})
+        self._record(
+            now,
+            model,
+            "load_succeeded",
+            {"ticket": ticket, "capacity": capacity},
+            f"proceed={list(outcome.proceed)}",
+            fields={"proceed": list(outcome.proceed)},
+        )
         return outcome
 
     def load_failed(self, model: str, ticket: int, now: float) -> LoadOutcome:
         outcome = self.entry(model).lifecycle.load_failed(ticket)
         retry = "" if outcome.retry is None else str(outcome.retry.ticket)
-        self._record(now, model, "load_failed", {"ticket": ticket}, f"retry={retry}", fields={"retry": None if outcome.retry is None else outcome.retry.ticket})
+        self._record(
+            now,
+            model,
+            "load_failed",
+            {"ticket": ticket},
+            f"retry={retry}",
+            fields={"retry": None if outcome.retry is None else outcome.retry.ticket},
+        )
         return outcome
 
     def abandon_wait(self, model: str, ticket: int, now: float) -> Abandoned:
         left = self.entry(model).lifecycle.abandon_wait(ticket)
         retry = "" if left.retry is None else str(left.retry.ticket)
-        fields = {"left": left.left.value, "retry": None if left.retry is None else left.retry.ticket}
-        self._record(now, model, "abandon_wait", {"ticket": ticket}, f"{left.left.value} retry={retry}", fields=fields)
+        fields = {
+            "left": left.left.value,
+            "retry": None if left.retry is None else left.retry.ticket,
+        }
+        self._record(
+            now,
+            model,
+            "abandon_wait",
+            {"ticket": ticket},
+            f"{left.left.value} retry={retry}",
+            fields=fields,
+        )
         return left
 
     def begin_unload(self, model: str, now: float) -> Teardown | Nothing:
@@ -237,7 +327,12 @@ class Core:
         self._record(now, model, "reject_reconfigure", {}, "ok", reason.value)
 
     def commit_reconfigure(
-        self, model: str, slots: int, now: float, config: Any = None, memory_bytes: int | None = None
+        self,
+        model: str,
+        slots: int,
+        now: float,
+        config: Any = None,
+        memory_bytes: int | None = None,
     ) -> Teardown | Nothing:
         d = self.entry(model).commit_reconfigure(slots, config, memory_bytes)
         summary = f"teardown gen={d.generation}" if isinstance(d, Teardown) else "nothing"
@@ -250,7 +345,14 @@ class Core:
     def set_memory(self, model: str, memory_bytes: int, now: float) -> bool:
         """An operational update of ``model``'s memory estimate (no reload); False if refused."""
         ok = self.registry.set_memory(self.entry(model), memory_bytes)
-        self._record(now, model, "set_memory", {"memory_bytes": memory_bytes}, "ok" if ok else "refused", fields={"ok": ok})
+        self._record(
+            now,
+            model,
+            "set_memory",
+            {"memory_bytes": memory_bytes},
+            "ok" if ok else "refused",
+            fields={"ok": ok},
+        )
         return ok
 
     # ------------------------------------------------------------ bulk, idle
@@ -258,7 +360,11 @@ class Core:
         selection = None if ids is None else list(ids)
         bulk = BulkUnload.publish(self.registry, selection, now)
         summary = f"tickets={bulk.tickets} ready={bulk.ready} missing={list(bulk.not_found)}"
-        fields = {"tickets": dict(bulk.tickets), "ready": list(bulk.ready), "missing": list(bulk.not_found)}
+        fields = {
+            "tickets": dict(bulk.tickets),
+            "ready": list(bulk.ready),
+            "missing": list(bulk.not_found),
+        }
         self._record(now, "", "bulk_publish", {"ids": selection}, summary, fields=fields)
         return bulk
 
@@ -266,5 +372,7 @@ class Core:
         victims = retire_idle(self.registry, now, idle_seconds)
         summary = ",".join(f"{v.model}:{v.lease.ticket}" for v in victims)
         fields = {"evict": [[v.model, v.lease.ticket] for v in victims]}
-        self._record(now, "", "retire_idle", {"idle_seconds": idle_seconds}, f"[{summary}]", fields=fields)
+        self._record(
+            now, "", "retire_idle", {"idle_seconds": idle_seconds}, f"[{summary}]", fields=fields
+        )
         return victims

@@ -89,7 +89,9 @@ class Registry:
         """Every entry in registration order."""
         return tuple(self._entries.values())
 
-    def snapshot(self, ids: Iterable[str] | None = None) -> tuple[tuple[ModelEntry, ...], tuple[str, ...]]:
+    def snapshot(
+        self, ids: Iterable[str] | None = None
+    ) -> tuple[tuple[ModelEntry, ...], tuple[str, ...]]:
         """The selected entries (deduplicated, selection order) and the unknown ids.
 
         ``None`` selects every entry registered now; later registrations are not
@@ -198,7 +200,9 @@ class Registry:
         """
         budget = self.limits.memory_budget
         if entry.resident and budget > 0:
-            others = sum(e.memory_bytes for e in self._entries.values() if e.resident and e is not entry)
+            others = sum(
+                e.memory_bytes for e in self._entries.values() if e.resident and e is not entry
+            )
             if others + memory_bytes > budget:
                 return False
         entry.memory_bytes = memory_bytes

@@ -66,7 +66,9 @@ def replay(
         cfg = records[0].args
         kind = RuntimeKind(cfg.get("runtime", "parallel"))
         if limits is None:
-            limits = ResidencyLimits(int(cfg.get("max_loaded_models", 0)), int(cfg.get("memory_budget", 0)))
+            limits = ResidencyLimits(
+                int(cfg.get("max_loaded_models", 0)), int(cfg.get("memory_budget", 0))
+            )
             raw_queue = cfg.get("max_queue")
             max_queue = None if raw_queue is None else int(raw_queue)
     out: list[TraceRecord] = []
@@ -81,7 +83,9 @@ def replay(
         if len(out) != before + 1:
             return ReplayResult(count, Divergence(rec, "<no decision>", ""))
         got = out[-1]
-        same_fields = not rec.fields or _plain(got.fields) == _plain(rec.fields)  # older traces have none
+        same_fields = not rec.fields or _plain(got.fields) == _plain(
+            rec.fields
+        )  # older traces have none
         if (got.decision, got.reason) != (rec.decision, rec.reason) or not same_fields:
             return ReplayResult(count, Divergence(rec, got.decision, got.reason))
     return ReplayResult(count, None)
@@ -95,7 +99,11 @@ def _plain(value: Any) -> Any:
 def _force_choices(core: Core, rec: TraceRecord) -> None:
     """On the original runtime, hand the lock to the waiters the recording chose."""
     entry = core.registry.get(rec.model) if rec.model else None
-    if entry is None or not isinstance(entry.admission, GuardAdmission) or "granted" not in rec.fields:
+    if (
+        entry is None
+        or not isinstance(entry.admission, GuardAdmission)
+        or "granted" not in rec.fields
+    ):
         return
     entry.admission.forced = [int(ticket) for ticket, _slot in rec.fields["granted"]]
 
@@ -142,7 +150,9 @@ def _apply(core: Core, rec: TraceRecord) -> None:
         core.reject_reconfigure(m, t, Reason(rec.reason))
     elif ev == "commit_reconfigure":
         memory = a.get("memory_bytes")
-        core.commit_reconfigure(m, int(a["slots"]), t, memory_bytes=None if memory is None else int(memory))
+        core.commit_reconfigure(
+            m, int(a["slots"]), t, memory_bytes=None if memory is None else int(memory)
+        )
     elif ev == "set_memory":
         core.set_memory(m, int(a["memory_bytes"]), t)
     elif ev == "bulk_publish":

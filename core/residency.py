@@ -76,7 +76,9 @@ def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecisio
         need_models = max(0, len(others) - (limits.max_loaded_models - 1))
     need_bytes = 0
     if limits.memory_budget > 0:
-        need_bytes = max(0, sum(e.memory_bytes for e in others) + incoming.memory_bytes - limits.memory_budget)
+        need_bytes = max(
+            0, sum(e.memory_bytes for e in others) + incoming.memory_bytes - limits.memory_budget
+        )
     if need_models == 0 and need_bytes == 0:
         return RoomDecision()
     candidates = sorted(

@@ -53,11 +53,17 @@ def tts(args: argparse.Namespace, backend: ArrayBackend) -> int:
     for chunk in session.stream(PiperRequest(text=args.text, seed=args.seed)):
         pieces.append(chunk.audio)
         rate = int(chunk.sample_rate)
-        print(f"  sentence {chunk.index + 1}: {chunk.audio.size / rate:.2f} s of audio", file=sys.stderr)
+        print(
+            f"  sentence {chunk.index + 1}: {chunk.audio.size / rate:.2f} s of audio",
+            file=sys.stderr,
+        )
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     Path(args.output).write_bytes(wav_bytes(audio, rate))
     wall = time.perf_counter() - t0
-    print(f"wrote {args.output}: {audio.size / rate:.2f} s at {rate} Hz in {wall:.2f} s", file=sys.stderr)
+    print(
+        f"wrote {args.output}: {audio.size / rate:.2f} s at {rate} Hz in {wall:.2f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -67,7 +73,11 @@ def asr(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
     session = load_factory(backend).create()
     texts = []
     for seg in session.stream(WhisperRequest(audio=audio)):
-        print(f"  [{seg.start:7.2f} -> {seg.end:7.2f}] {seg.text.strip()}", file=sys.stderr, flush=True)
+        print(
+            f"  [{seg.start:7.2f} -> {seg.end:7.2f}] {seg.text.strip()}",
+            file=sys.stderr,
+            flush=True,
+        )
         texts.append(seg.text)
     print("".join(texts).strip())
     return 0
@@ -80,5 +90,7 @@ def vad(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
     result = session.run(VadRequest(audio=audio))
     for seg in result.segments:
         print(f"speech {seg.start_s:8.3f} -> {seg.end_s:8.3f} s")
-    print(f"{len(result.segments)} segment(s) in {result.duration_s:.2f} s of audio", file=sys.stderr)
+    print(
+        f"{len(result.segments)} segment(s) in {result.duration_s:.2f} s of audio", file=sys.stderr
+    )
     return 0

@@ -95,7 +95,7 @@ def limit_blas_threads(threads: int) -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
     try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+        from threadpoolctl import threadpool_limits
     except ImportError:
         return
     if "numpy" in sys.modules:

@@ -37,10 +37,29 @@ FAMILY_TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
 BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"}
 MODES = ("offline", "streaming")
 MAX_JSON_INT = 2**53 - 1
-IGNORED_TOP = {"ui", "log_request_body", "model_spec_override", "voice_dir", "live_ingest", "min_free_memory_mb"}
-CONNECTION_KEYS = ("header_timeout_s", "body_read_timeout_s", "write_timeout_s", "shutdown_timeout_s", "send_buffer_bytes")
+IGNORED_TOP = {
+    "ui",
+    "log_request_body",
+    "model_spec_override",
+    "voice_dir",
+    "live_ingest",
+    "min_free_memory_mb",
+}
+CONNECTION_KEYS = (
+    "header_timeout_s",
+    "body_read_timeout_s",
+    "write_timeout_s",
+    "shutdown_timeout_s",
+    "send_buffer_bytes",
+)
 """Client I/O deadlines and the socket send buffer (docs/server.md, "Slow and stalled clients")."""
-LIMIT_KEYS = ("max_audio_seconds", "max_speech_seconds", "speech_seconds_per_char", "max_sentence_seconds", "max_input_chars")
+LIMIT_KEYS = (
+    "max_audio_seconds",
+    "max_speech_seconds",
+    "speech_seconds_per_char",
+    "max_sentence_seconds",
+    "max_input_chars",
+)
 """Per-request limits (docs/server.md, "Limits")."""
 LOAD_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
     "piper": {"mode": MODES},
@@ -70,7 +89,14 @@ default voice, so clients written for OpenAI work unchanged (``voice_aliases`` o
 MAX_ALIAS_CHARS = 64
 SPEECH_RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "json", "b64_json")
 """Speech ``response_format`` values (a TTS model's ``default_request_options`` may set one)."""
-IGNORED_MODEL = {"config", "weight", "model_spec_override", "live_ingest", "voice_presets", "default_voice_preset"}
+IGNORED_MODEL = {
+    "config",
+    "weight",
+    "model_spec_override",
+    "live_ingest",
+    "voice_presets",
+    "default_voice_preset",
+}
 
 
 class ConfigError(ValueError):
@@ -172,9 +198,15 @@ def parse_json(text: str) -> Any:
         raise ConfigError(f"failed to parse json at byte {exc.pos}: {exc.msg}") from exc
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0, where: str = "") -> int:
+def _int(
+    raw: Mapping[str, Any], key: str, default: int, *, minimum: int = 0, where: str = ""
+) -> int:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or (isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         raise ConfigError(f"{where}{key} must be an integer")
     value = int(value)
     if value < minimum:
@@ -195,7 +227,11 @@ def _timeout_ms(raw: Mapping[str, Any], key: str, default: int, where: str = "")
 def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
     """A positive, finite number (a request limit)."""
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_JSON_INT:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_JSON_INT
+    ):
         raise ConfigError(f"{key} must be a number > 0")
     return float(value)
 
@@ -209,7 +245,9 @@ def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def _backend(value: Any, where: str = "") -> str:
     if not isinstance(value, str) or value.lower() not in BACKENDS:
-        raise ConfigError(f"{where}unsupported server backend: {value!r} (numpy, cpu, opencl, cuda)")
+        raise ConfigError(
+            f"{where}unsupported server backend: {value!r} (numpy, cpu, opencl, cuda)"
+        )
     return BACKENDS[value.lower()]
 
 
@@ -226,7 +264,9 @@ def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, 
     known = LOAD_OPTIONS[family]
     for key, value in options.items():
         if key not in known:
-            raise ConfigError(f"{where}unknown load_options key {key[:40]!r} for family {family} (known: {', '.join(known) or 'none'})")
+            raise ConfigError(
+                f"{where}unknown load_options key {key[:40]!r} for family {family} (known: {', '.join(known) or 'none'})"
+            )
         allowed = known[key]
         if allowed is None and (not isinstance(value, str) or not value or "\0" in value):
             raise ConfigError(f"{where}load_options.{key} must be a non-empty path string")
@@ -278,7 +318,9 @@ def _stringify(value: Any) -> str:
     return str(value)
 
 
-def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_dir: Path | None) -> ModelConfig:
+def parse_model(
+    raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_dir: Path | None
+) -> ModelConfig:
     """Validate one ``models[]`` entry."""
     if not isinstance(raw, Mapping):
         raise ConfigError("every models[] entry must be an object")
@@ -291,7 +333,9 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
         raise ConfigError(f"{where}unknown family {family!r} (piper, whisper, silero_vad)")
     task = raw.get("task", FAMILY_TASKS[family])
     if task != FAMILY_TASKS[family]:
-        raise ConfigError(f"{where}family {family} serves task '{FAMILY_TASKS[family]}', not {task!r}")
+        raise ConfigError(
+            f"{where}family {family} serves task '{FAMILY_TASKS[family]}', not {task!r}"
+        )
     mode = raw.get("mode", "offline")
     if mode not in MODES:
         raise ConfigError(f"{where}mode must be 'offline' or 'streaming'")
@@ -312,7 +356,10 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
     dro = _options(raw, "default_request_options", where)
-    if FAMILY_TASKS[family] == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
+    if (
+        FAMILY_TASKS[family] == "tts"
+        and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS
+    ):
         raise ConfigError(
             f"{where}default_request_options.response_format must be one of {', '.join(SPEECH_RESPONSE_FORMATS)}"
         )
@@ -336,15 +383,35 @@ def parse_model(raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_
     )
 
 
-def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_dir: Path | None = None) -> ServerConfig:
+def parse_config(
+    raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_dir: Path | None = None
+) -> ServerConfig:
     """Validate a parsed ``server.json`` object."""
     if not isinstance(raw, Mapping):
         raise ConfigError("the configuration must be a JSON object")
     known = {
-        "host", "port", "cors_origins", "ui_management", "management_token", "backend", "device", "lazy_load",
-        "max_request_body_bytes", "busy_timeout_ms", "max_loaded_models", "idle_unload_ms", "memory_budget_mb",
-        "max_queue", "audio_roots", "models", "threads", "frontend_listener", "frontend_options", *IGNORED_TOP,
-        *LIMIT_KEYS, *CONNECTION_KEYS,
+        "host",
+        "port",
+        "cors_origins",
+        "ui_management",
+        "management_token",
+        "backend",
+        "device",
+        "lazy_load",
+        "max_request_body_bytes",
+        "busy_timeout_ms",
+        "max_loaded_models",
+        "idle_unload_ms",
+        "memory_budget_mb",
+        "max_queue",
+        "audio_roots",
+        "models",
+        "threads",
+        "frontend_listener",
+        "frontend_options",
+        *IGNORED_TOP,
+        *LIMIT_KEYS,
+        *CONNECTION_KEYS,
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -371,7 +438,12 @@ def parse_config(raw: Any, *, runtime: RuntimeKind = RuntimeKind.PARALLEL, base_
     roots = raw.get("audio_roots", [])
     if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
         raise ConfigError("audio_roots must be an array of directory paths")
-    resolved_roots = tuple(str((base_dir / r).resolve()) if base_dir and not os.path.isabs(r) else str(Path(r).resolve()) for r in roots)
+    resolved_roots = tuple(
+        str((base_dir / r).resolve())
+        if base_dir and not os.path.isabs(r)
+        else str(Path(r).resolve())
+        for r in roots
+    )
     token = raw.get("management_token")
     if token is not None and (not isinstance(token, str) or not token):
         raise ConfigError("management_token must be a non-empty string")

@@ -29,7 +29,10 @@ class _Gauges(Collector):
         families = {
             "voxpool_active_slots": ("Occupied request slots", "active_slots"),
             "voxpool_queued_requests": ("Requests waiting in the FIFO", "queued_requests"),
-            "voxpool_queued_management": ("Management operations waiting in the FIFO", "queued_management"),
+            "voxpool_queued_management": (
+                "Management operations waiting in the FIFO",
+                "queued_management",
+            ),
             "voxpool_slots": ("Configured slots", "slots"),
         }
         for name, (doc, attr) in families.items():
@@ -37,7 +40,9 @@ class _Gauges(Collector):
             for row in rows:
                 g.add_metric([row.id], float(getattr(row, attr)))
             yield g
-        g = GaugeMetricFamily("voxpool_model_loaded", "1 when a complete pool is published", labels=["model"])
+        g = GaugeMetricFamily(
+            "voxpool_model_loaded", "1 when a complete pool is published", labels=["model"]
+        )
         for row in rows:
             g.add_metric([row.id], 1.0 if row.loaded else 0.0)
         yield g
@@ -50,25 +55,43 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.registry.register(_Gauges(status))
         self.admissions = Counter(
-            "voxpool_admissions", "Admission decisions", ["model", "kind", "decision"], registry=self.registry
+            "voxpool_admissions",
+            "Admission decisions",
+            ["model", "kind", "decision"],
+            registry=self.registry,
         )
         self.rejections = Counter(
-            "voxpool_rejections", "Admission rejections and expiries by reason", ["model", "reason"], registry=self.registry
+            "voxpool_rejections",
+            "Admission rejections and expiries by reason",
+            ["model", "reason"],
+            registry=self.registry,
         )
         self.load_seconds = Histogram(
-            "voxpool_load_seconds", "Pool load duration (weights, primary, clones)", ["model", "outcome"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "voxpool_load_seconds",
+            "Pool load duration (weights, primary, clones)",
+            ["model", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.teardown_seconds = Histogram(
-            "voxpool_teardown_seconds", "Pool teardown duration", ["model"], buckets=LATENCY_BUCKETS, registry=self.registry
+            "voxpool_teardown_seconds",
+            "Pool teardown duration",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.request_seconds = Histogram(
-            "voxpool_request_seconds", "HTTP request latency", ["model", "route", "status"],
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "voxpool_request_seconds",
+            "HTTP request latency",
+            ["model", "route", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.connections_aborted = Counter(
-            "voxpool_connections_aborted", "Connections aborted because a client I/O deadline ran out",
-            ["kind"], registry=self.registry,
+            "voxpool_connections_aborted",
+            "Connections aborted because a client I/O deadline ran out",
+            ["kind"],
+            registry=self.registry,
         )
         for kind in ("header", "body", "write", "shutdown"):
             self.connections_aborted.labels(kind)

@@ -15,7 +15,9 @@ from server.runtime import ModelProvider, Runtime, RuntimeConfig
 from server.runtime.tracing import TraceLog
 
 
-def make_state(config: ServerConfig, provider: ModelProvider | None = None, trace_out: IO[str] | None = None) -> ServerState:
+def make_state(
+    config: ServerConfig, provider: ModelProvider | None = None, trace_out: IO[str] | None = None
+) -> ServerState:
     """The runtime with every configured model registered (lazily), metrics wired to its decisions."""
     log = TraceLog(trace_out, keep=False) if trace_out is not None else None
     metrics_box: list[Metrics] = []
@@ -45,5 +47,7 @@ def make_state(config: ServerConfig, provider: ModelProvider | None = None, trac
     return ServerState(config=config, runtime=runtime, metrics=metrics, backend=config.backend)
 
 
-def make_app(config: ServerConfig, provider: ModelProvider | None = None, trace_out: IO[str] | None = None) -> ASGIApp:
+def make_app(
+    config: ServerConfig, provider: ModelProvider | None = None, trace_out: IO[str] | None = None
+) -> ASGIApp:
     return build_app(make_state(config, provider, trace_out))

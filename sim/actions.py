@@ -24,7 +24,17 @@ from sim.fakes import FakeProvider, FakeScript
 from sim.outcomes import ActionOutcome
 from sim.scenario import Action, Scenario
 
-SPEC_FIELDS = ("slots", "path", "capacity", "lazy", "busy_timeout_ms", "memory_bytes", "task", "mode", "family")
+SPEC_FIELDS = (
+    "slots",
+    "path",
+    "capacity",
+    "lazy",
+    "busy_timeout_ms",
+    "memory_bytes",
+    "task",
+    "mode",
+    "family",
+)
 """What a register or reconfigure action may set (every field of a model's spec)."""
 
 
@@ -96,7 +106,15 @@ class ActionPlayer:
         out = self.outcomes[action.id]
         await self.clock.sleep_until(action.at)
         out.started = self.clock.now()
-        self.log(TraceRecord(0, self.clock.now(), action.model, "action", {"id": action.id, "do": action.do, **dict(action.params)}))
+        self.log(
+            TraceRecord(
+                0,
+                self.clock.now(),
+                action.model,
+                "action",
+                {"id": action.id, "do": action.do, **dict(action.params)},
+            )
+        )
         with trio.CancelScope() as scope:
             self.scopes[action.id] = scope
             if action.id in self.doomed:
@@ -111,11 +129,25 @@ class ActionPlayer:
             except InvalidRequestError as exc:
                 out.outcome, out.reason, out.message = "invalid", exc.reason.value, exc.message
             except Exception as exc:
-                out.outcome, out.reason, out.message = "error", getattr(getattr(exc, "reason", None), "value", ""), str(exc)
+                out.outcome, out.reason, out.message = (
+                    "error",
+                    getattr(getattr(exc, "reason", None), "value", ""),
+                    str(exc),
+                )
         if scope.cancelled_caught:
             out.outcome = "cancelled"
         out.ended = self.clock.now()
-        self.log(TraceRecord(0, self.clock.now(), action.model, "action_end", {"id": action.id}, out.outcome, out.reason))
+        self.log(
+            TraceRecord(
+                0,
+                self.clock.now(),
+                action.model,
+                "action_end",
+                {"id": action.id},
+                out.outcome,
+                out.reason,
+            )
+        )
 
     # ------------------------------------------------------------ work
     def _duration(self, a: Action) -> Any:
@@ -155,10 +187,16 @@ class ActionPlayer:
             if isinstance(check, Invalid):
                 raise InvalidRequestError(check.reason, check.message)
         overrides = {k: p[k] for k in SPEC_FIELDS if k in p}
-        if "script" in p and a.model not in self.scripts:  # a runtime-registered model's timings and faults
-            self.scripts[a.model] = self.provider.scripts[a.model] = FakeScript.from_mapping(p["script"])
+        if (
+            "script" in p and a.model not in self.scripts
+        ):  # a runtime-registered model's timings and faults
+            self.scripts[a.model] = self.provider.scripts[a.model] = FakeScript.from_mapping(
+                p["script"]
+            )
         spec = model_spec(self.scenario, a.model, **overrides)
-        changed = await (self.rt.register(spec) if a.do == "register" else self.rt.reconfigure(spec))
+        changed = await (
+            self.rt.register(spec) if a.do == "register" else self.rt.reconfigure(spec)
+        )
         return {"reconfigured": changed}
 
     async def bulk_unload(self, a: Action) -> Any:
@@ -196,7 +234,9 @@ class ActionPlayer:
         def fire() -> None:
             if target in self.scopes:
                 self.scopes[target].cancel()
-            elif self.outcomes[target].outcome == "pending":  # not started yet: wait for the next one
+            elif (
+                self.outcomes[target].outcome == "pending"
+            ):  # not started yet: wait for the next one
                 self.arm_leave(target, event)
 
         self.provider.on_next(self.targets[target], event, fire)

@@ -46,7 +46,11 @@ class Scheduling(enum.Enum):
     @classmethod
     def for_seed(cls, seed: int) -> Scheduling:
         """The mode a run with ``seed`` uses when its scenario names none (half the seeds each)."""
-        return cls.TOGETHER if random.Random(seed * 2654435761 + 97).random() < 0.5 else cls.ONE_AT_A_TIME
+        return (
+            cls.TOGETHER
+            if random.Random(seed * 2654435761 + 97).random() < 0.5
+            else cls.ONE_AT_A_TIME
+        )
 
 
 def seed_trio(seed: int) -> None:

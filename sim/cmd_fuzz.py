@@ -28,7 +28,9 @@ def main(args: argparse.Namespace) -> int:
             return 2
     budget = float(getattr(args, "budget", 60.0))
     seed = int(getattr(args, "seed", 0))
-    print(f"fuzzing {'mutant ' + name if name else 'the real code'} for up to {budget:g} s (seed {seed})")
+    print(
+        f"fuzzing {'mutant ' + name if name else 'the real code'} for up to {budget:g} s (seed {seed})"
+    )
     finding = search(budget, seed, patch)
     for line in summary(finding):
         print(line)

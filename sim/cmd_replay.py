@@ -40,7 +40,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = replay(records)
     except Exception as exc:  # core refused a call outright: the trace is not from this core
-        print(f"voxpool sim replay: core raised while replaying {args.trace}: {exc!r}", file=sys.stderr)
+        print(
+            f"voxpool sim replay: core raised while replaying {args.trace}: {exc!r}",
+            file=sys.stderr,
+        )
         return 2
     if result.divergence is not None:
         print(f"first divergence after {result.replayed - 1} matching decisions:")

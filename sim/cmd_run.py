@@ -28,9 +28,22 @@ def action_table(scenario: Scenario, result: RunResult) -> list[str]:
     rows: list[tuple[str, ...]] = [COLUMNS]
     for action in scenario.actions:
         o: ActionOutcome = result.outcomes[action.id]
-        rows.append((o.id, o.do, action.model or "-", _time(o.started), _time(o.ended), o.outcome, o.reason or "-"))
+        rows.append(
+            (
+                o.id,
+                o.do,
+                action.model or "-",
+                _time(o.started),
+                _time(o.ended),
+                o.outcome,
+                o.reason or "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[str]) -> None:
@@ -38,7 +51,10 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
     print(f"scenario: {scenario.name} (seed {result.seed})", file=out)
     for line in action_table(scenario, result):
         print(line, file=out)
-    print(f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} tie-breaks, {result.scheduling.value} scheduling", file=out)
+    print(
+        f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} tie-breaks, {result.scheduling.value} scheduling",
+        file=out,
+    )
     for warning in result.warnings:
         print(f"warning: {warning}", file=out)
     if failures:
@@ -46,7 +62,10 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
         for f in failures:
             print(f"  - {f}", file=out)
     else:
-        print(f"OK: {len(scenario.expect)} expectation(s), {len(scenario.order)} order rule(s), invariants hold", file=out)
+        print(
+            f"OK: {len(scenario.expect)} expectation(s), {len(scenario.order)} order rule(s), invariants hold",
+            file=out,
+        )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -73,7 +92,10 @@ def main(args: argparse.Namespace) -> int:
         except ModuleNotFoundError as exc:
             if exc.name != "sim.timeline":
                 raise
-            print("voxpool sim run: --plot needs sim/timeline.py, which is not available", file=sys.stderr)
+            print(
+                "voxpool sim run: --plot needs sim/timeline.py, which is not available",
+                file=sys.stderr,
+            )
             return 2
         timeline.draw(result, plot_path)
         print(f"timeline drawn to {plot_path}")

@@ -22,8 +22,13 @@ def check_expectations(scenario: Scenario, result: RunResult) -> list[str]:
         failures += _check_expect(e, outs)
     for first, then in scenario.order:
         a, b = outs[first], outs[then]
-        if not (a.ended < b.ended or (a.ended == b.ended and result.end_seq(first) < result.end_seq(then))):
-            failures.append(f"order: {first} (ended {a.ended}) should end before {then} (ended {b.ended})")
+        if not (
+            a.ended < b.ended
+            or (a.ended == b.ended and result.end_seq(first) < result.end_seq(then))
+        ):
+            failures.append(
+                f"order: {first} (ended {a.ended}) should end before {then} (ended {b.ended})"
+            )
     for model, expected in scenario.final.items():
         got = result.final.get(model, {})
         for key, value in expected.items():
@@ -37,7 +42,9 @@ def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
     failures = []
     o = outs[e.id]
     if e.outcome is not None and o.outcome not in e.outcome:
-        failures.append(f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected {' or '.join(e.outcome)}")
+        failures.append(
+            f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected {' or '.join(e.outcome)}"
+        )
     if e.reason is not None and o.outcome != "ok" and o.reason not in e.reason:
         failures.append(f"{e.id}: reason {o.reason!r}, expected {' or '.join(map(repr, e.reason))}")
     if e.message is not None and e.message not in o.message:
@@ -45,7 +52,9 @@ def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
     if e.revision is not None:
         revisions = _revisions(o.result)
         if revisions != {e.revision}:
-            failures.append(f"{e.id}: ran on revision(s) {sorted(revisions)}, expected {e.revision!r}")
+            failures.append(
+                f"{e.id}: ran on revision(s) {sorted(revisions)}, expected {e.revision!r}"
+            )
     if e.granted_at is not None and not _matches(e.granted_at, o.granted):
         failures.append(f"{e.id}: granted at {o.granted}, expected {e.granted_at!r}")
     got = o.result if isinstance(o.result, dict) else {}
@@ -62,7 +71,9 @@ def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
     for other in e.session_same_as:
         mine, theirs = _sessions(o.result), _sessions(outs[other].result)
         if not mine or mine != theirs:
-            failures.append(f"{e.id} ran on session(s) {sorted(mine)}, {other} on {sorted(theirs)}: expected the same")
+            failures.append(
+                f"{e.id} ran on session(s) {sorted(mine)}, {other} on {sorted(theirs)}: expected the same"
+            )
     return failures
 
 
@@ -85,7 +96,9 @@ def _matches(expected: Any, got: Any) -> bool:
         if expected and all(isinstance(x, dict) and "id" in x for x in expected):
             rows = {r.get("id"): r for r in got if isinstance(r, dict)}
             return all(_matches(x, rows.get(x["id"])) for x in expected)
-        return len(expected) == len(got) and all(_matches(x, g) for x, g in zip(expected, got, strict=True))
+        return len(expected) == len(got) and all(
+            _matches(x, g) for x, g in zip(expected, got, strict=True)
+        )
     if isinstance(expected, bool) or isinstance(got, bool):
         return expected is got
     return bool(expected == got)

@@ -57,7 +57,9 @@ class FakeWeights:
     model: str
     revision: str
     alive: bool = True
-    sessions: int = 0  # live sessions built on these weights (a probe's weights differ from the pool's)
+    sessions: int = (
+        0  # live sessions built on these weights (a probe's weights differ from the pool's)
+    )
 
 
 @attrs.define(eq=False)
@@ -188,7 +190,9 @@ class FakeProvider:
         model = factory.spec.id
         self.live_sessions[model] = self.live_sessions.get(model, 0) + 1
         factory.weights.sessions += 1
-        return FakeSession(next(self._sid), factory.family, factory.task, factory.mode, interfaces, factory.weights)
+        return FakeSession(
+            next(self._sid), factory.family, factory.task, factory.mode, interfaces, factory.weights
+        )
 
     async def create(self, factory: SessionFactory) -> Session:
         assert isinstance(factory, FakeFactory)
@@ -204,7 +208,10 @@ class FakeProvider:
         await self._sleep(factory.script.clone_time)
         model = factory.spec.id
         self.clone_attempts[model] = self.clone_attempts.get(model, 0) + 1
-        if factory.script.fail_clone_at is not None and self.clone_attempts[model] == factory.script.fail_clone_at:
+        if (
+            factory.script.fail_clone_at is not None
+            and self.clone_attempts[model] == factory.script.fail_clone_at
+        ):
             factory.script.fail_clone_at = None
             raise RuntimeError(f"injected clone failure for '{model}'")
         return factory.clone(primary)
@@ -252,7 +259,10 @@ class FakeProvider:
         total = sum(float(dict(r or {}).get("duration", script.run_time)) for r in requests)
         await self._sleep(total)
         s.runs += len(requests)
-        return [{"revision": s.weights.revision, "session": s.sid, "index": i} for i in range(len(requests))]
+        return [
+            {"revision": s.weights.revision, "session": s.sid, "index": i}
+            for i in range(len(requests))
+        ]
 
     async def reset(self, session: Session) -> None:
         return None

@@ -87,7 +87,10 @@ def _mutant_run(s: Scenario, mutant: Mutant) -> RunResult | None:
 
 def _distinguish(s: Scenario, real: RunResult, mutant: Mutant) -> Scenario:
     """Every outcome of the real run, plus the candidate constraints the mutant's run breaks."""
-    expect = [Expect(a.id, outcome=real.outcomes[a.id].outcome, reason=real.outcomes[a.id].reason or None) for a in s.actions]
+    expect = [
+        Expect(a.id, outcome=real.outcomes[a.id].outcome, reason=real.outcomes[a.id].reason or None)
+        for a in s.actions
+    ]
     bad = _mutant_run(s, mutant)
     if bad is not None:
         bad = attrs.evolve(bad, violations=[])  # judge each candidate by its own constraint
@@ -108,16 +111,22 @@ def _with_probes(s: Scenario, failures: Sequence[str], mutant: Mutant) -> Scenar
     the mutant still breaks an invariant there and the probes see it.
     """
     text = " ".join(failures)
-    named = [m.id for m in s.models if f"({m.id})" in text or f"'{m.id}'" in text] or [m.id for m in s.models]
+    named = [m.id for m in s.models if f"({m.id})" in text or f"'{m.id}'" in text] or [
+        m.id for m in s.models
+    ]
     if len(s.actions) + len(named) > MAX_WRITTEN:
         return None
     for seed in dict.fromkeys([s.seed, *range(PROBE_SEEDS)]):
         base = attrs.evolve(s, seed=seed)
-        times = sorted(float(t) for t in re.findall(r"t=(\d+\.\d+)", " ".join(check(base, mutant)[0])))
+        times = sorted(
+            float(t) for t in re.findall(r"t=(\d+\.\d+)", " ".join(check(base, mutant)[0]))
+        )
         if not times:
             continue
         probes = [Action(times[0] + PROBE_DELAY, "status", f"probe_{m}", m) for m in named]
-        probed = attrs.evolve(base, actions=tuple(sorted((*s.actions, *probes), key=lambda a: a.at)))
+        probed = attrs.evolve(
+            base, actions=tuple(sorted((*s.actions, *probes), key=lambda a: a.at))
+        )
         if check(probed)[0] or not check(probed, mutant)[0]:
             continue
         out = _distinguish(probed, run_scenario(probed), mutant)

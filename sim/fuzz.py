@@ -107,7 +107,9 @@ def search(
         return Finding(None, [], examples, None, time.monotonic() - start)
     shrunk = best[0]
     failures, _ = check(shrunk, mutant)
-    return Finding(shrunk, failures, examples, first[0] - start, time.monotonic() - start, found_after[0])
+    return Finding(
+        shrunk, failures, examples, first[0] - start, time.monotonic() - start, found_after[0]
+    )
 
 
 def _size(s: Scenario) -> tuple[int, int, str]:

@@ -36,7 +36,9 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
             out.append(f"{o.id}: never resolved")
     original = s.config.get("runtime", "parallel") == "original"
     # by the virtual time an action really started (start-up loads can delay a timeline)
-    shutdown = min((result.outcomes[a.id].started for a in s.actions if a.do == "shutdown"), default=math.inf)
+    shutdown = min(
+        (result.outcomes[a.id].started for a in s.actions if a.do == "shutdown"), default=math.inf
+    )
     shutdown = math.inf if math.isnan(shutdown) else shutdown
     doomed = {a.params.get("target") for a in s.actions if a.do == "disconnect"}
     leaving = {a.model for a in s.actions if a.do == "disconnect" and "on" in a.params}
@@ -48,9 +50,18 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
         got = (o.outcome, o.reason)
         if original and a.do in ("register", "reconfigure") and "slots" in a.params:
             if got != ("invalid", "slots_require_parallel"):
-                out.append(f"{a.id}: explicit slots on the original runtime not refused ({o.outcome} {o.reason})")
-        elif o.started > shutdown and a.do in ADMITTED and o.outcome != "not_found" and got != ("busy", "shutting_down"):
-            out.append(f"{a.id}: {o.outcome} ({o.reason}) after shutdown (must be busy shutting_down)")
+                out.append(
+                    f"{a.id}: explicit slots on the original runtime not refused ({o.outcome} {o.reason})"
+                )
+        elif (
+            o.started > shutdown
+            and a.do in ADMITTED
+            and o.outcome != "not_found"
+            and got != ("busy", "shutting_down")
+        ):
+            out.append(
+                f"{a.id}: {o.outcome} ({o.reason}) after shutdown (must be busy shutting_down)"
+            )
     managed: set[str] = set()
     for a in s.actions:
         if a.do in ("unload", "reconfigure", "register", "fault"):
@@ -65,7 +76,13 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
     for a in s.actions:
         unbounded = not ceilings.get(a.model, 0) and not a.params.get("timeout_ms")
         o = result.outcomes[a.id]
-        if a.do in WORK and o.started < shutdown and a.model not in managed and unbounded and o.outcome == "busy":
+        if (
+            a.do in WORK
+            and o.started < shutdown
+            and a.model not in managed
+            and unbounded
+            and o.outcome == "busy"
+        ):
             out.append(f"{a.id}: busy ({o.reason}) with an unbounded timeout on an unmanaged model")
     return out
 

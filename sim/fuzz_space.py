@@ -26,13 +26,37 @@ TIMES = (0.0, 0.5, 1.0, 0.25, 1.5, 2.0, 3.0, 4.0, 6.0)
 DURATIONS = (5.0, 1.0, 0.2, 3.0)
 REQUEST_TIMEOUTS = (None, 100, 1000, 0)
 KINDS = (
-    "request", "request", "unload", "stream", "batch", "load", "reconfigure", "bulk_unload", "disconnect",
-    "register", "fault", "shutdown", "status",
+    "request",
+    "request",
+    "unload",
+    "stream",
+    "batch",
+    "load",
+    "reconfigure",
+    "bulk_unload",
+    "disconnect",
+    "register",
+    "fault",
+    "shutdown",
+    "status",
 )
 WORK = frozenset({"request", "stream", "batch"})
-ADMITTED = WORK | {"load", "unload", "reconfigure", "register"}  # refused busy (shutting_down) once shutdown began
-MAY_NAME_NEW = frozenset({"request", "unload", "register", "status"})  # kinds sim.scenario lets name an unknown id
-FAULTS = ({"fail_loads": 1}, {"null_primary": 1}, {"fail_clone_at": 1}, {"fail_clone_at": 0}, {"close_time": 1.0})
+ADMITTED = WORK | {
+    "load",
+    "unload",
+    "reconfigure",
+    "register",
+}  # refused busy (shutting_down) once shutdown began
+MAY_NAME_NEW = frozenset(
+    {"request", "unload", "register", "status"}
+)  # kinds sim.scenario lets name an unknown id
+FAULTS = (
+    {"fail_loads": 1},
+    {"null_primary": 1},
+    {"fail_clone_at": 1},
+    {"fail_clone_at": 0},
+    {"close_time": 1.0},
+)
 RUNTIMES = ("parallel", "parallel", "parallel", "original")
 MEMORY = (0, 0, 100, 200)
 CONFIG_CHOICES = (  # every knob the runtime reads (0 / None: off)
@@ -49,18 +73,29 @@ SPEC_CHOICES = (
     ("busy_timeout_ms", (0, 500, 60_000)),
     ("memory_bytes", MEMORY),
 )
-NEW_FAULTS: tuple[dict[str, int], ...] = ({}, {}, {"fail_loads": 1}, {"null_primary": 1}, {"fail_clone_at": 1})
+NEW_FAULTS: tuple[dict[str, int], ...] = (
+    {},
+    {},
+    {"fail_loads": 1},
+    {"null_primary": 1},
+    {"fail_clone_at": 1},
+)
 MAX_ACTIONS = 12
 MAX_WRITTEN = 10  # actions in a written finding, status probes included
 PROBE_DELAY = 0.001  # virtual seconds after a violation that a status probe looks
 PROBE_SEEDS = 16  # seeds tried for a probed finding
+
 
 @st.composite
 def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     script: dict[str, Any] = {}
     load_time = draw(st.sampled_from((0.5, 2.0)))
     close_time = draw(st.sampled_from((0.01, 1.0)))
-    fault = draw(st.sampled_from((None, None, None, "fail_loads", "fail_loads", "null_primary", "fail_clone_at")))
+    fault = draw(
+        st.sampled_from(
+            (None, None, None, "fail_loads", "fail_loads", "null_primary", "fail_clone_at")
+        )
+    )
     if load_time != 0.5:
         script["load_time"] = load_time
     if close_time != 0.01:
@@ -70,7 +105,9 @@ def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
         script[fault] = 1
     return ModelDef(
         id=mid,
-        slots=1 if original else draw(st.integers(1, 3)),  # the original runtime has one session a model
+        slots=1
+        if original
+        else draw(st.integers(1, 3)),  # the original runtime has one session a model
         busy_timeout_ms=draw(st.sampled_from((None, 1000, 500, 0))),
         memory_bytes=draw(st.sampled_from(MEMORY)),
         lazy=lazy,
@@ -87,12 +124,17 @@ def _spec_fields(draw: st.DrawFn, new_id: bool) -> dict[str, Any]:
         if draw(st.booleans()):
             params[key] = draw(st.sampled_from(values))
     if new_id and draw(st.booleans()):
-        params["script"] = {"load_time": draw(st.sampled_from((0.5, 2.0))), **draw(st.sampled_from(NEW_FAULTS))}
+        params["script"] = {
+            "load_time": draw(st.sampled_from((0.5, 2.0))),
+            **draw(st.sampled_from(NEW_FAULTS)),
+        }
     return params
 
 
 @st.composite
-def _action(draw: st.DrawFn, n_models: int, kinds: Sequence[str]) -> tuple[float, str, str, dict[str, Any], int]:
+def _action(
+    draw: st.DrawFn, n_models: int, kinds: Sequence[str]
+) -> tuple[float, str, str, dict[str, Any], int]:
     at = draw(st.sampled_from(TIMES))
     do = draw(st.sampled_from(kinds))
     known = MODEL_IDS[:n_models]
@@ -129,7 +171,9 @@ def _action(draw: st.DrawFn, n_models: int, kinds: Sequence[str]) -> tuple[float
     elif do == "disconnect":
         target = draw(st.integers(0, MAX_ACTIONS - 1))
         if draw(st.booleans()):  # armed from the start: every client of the model leaves
-            params["on"] = "load_end"  # in the step its load ends (clients giving up on a slow load)
+            params["on"] = (
+                "load_end"  # in the step its load ends (clients giving up on a slow load)
+            )
             at = 0.0
         else:
             model = ""

@@ -41,7 +41,9 @@ MAX_REPEATS = 200
 IDLE_SLACK = 1e-9
 """Float slack when comparing an idle retirement's age with ``idle_unload_ms``."""
 
-APPLYING: contextvars.ContextVar[ModelSpec | None] = contextvars.ContextVar("applying", default=None)
+APPLYING: contextvars.ContextVar[ModelSpec | None] = contextvars.ContextVar(
+    "applying", default=None
+)
 """The spec the current task's reconfiguration applies (set by the monitored ``reconfigure``)."""
 
 
@@ -90,12 +92,19 @@ class Monitor:
         if fifo and r.event == "request" and r.fields.get("outcome") == "queued":
             timeout = float(r.args["timeout"])
             since = [s for _, s in adm.occupied().values()]
-            if adm.exclusive_ticket is None and timeout > 0 and since and all(r.t - s > timeout for s in since):
+            if (
+                adm.exclusive_ticket is None
+                and timeout > 0
+                and since
+                and all(r.t - s > timeout for s in since)
+            ):
                 self.flag(
                     f"invariant 8 ({r.model}): ticket {r.args['ticket']} queued although every occupied "
                     f"slot overran its {timeout}s timeout (must be rejected at once)"
                 )
-        waiting = [w.ticket for w in adm.waiters()] if fifo else []  # the original guard has no FIFO
+        waiting = (
+            [w.ticket for w in adm.waiters()] if fifo else []
+        )  # the original guard has no FIFO
         if waiting:
             newest = max(adm.ledger.active, default=0)
             if newest > min(waiting):
@@ -110,7 +119,10 @@ class Monitor:
             self.last_use_end[r.model] = r.t
         elif r.event == "commit_reconfigure":
             self._check_reconfigure(r.model)
-        if r.reason in ("residency_limit", "memory_budget") and r.event in ("ensure_loaded", "begin_load"):
+        if r.reason in ("residency_limit", "memory_budget") and r.event in (
+            "ensure_loaded",
+            "begin_load",
+        ):
             self._check_refusal(r)
         if r.event == "begin_unload" and adm.exclusive_ticket is not None:
             self._check_bulk_order(r.model, adm.exclusive_ticket)
@@ -120,7 +132,11 @@ class Monitor:
         registry = self.rt.core.registry
         limits = registry.limits
         incoming = registry.get(r.model)
-        others = [e for e in registry.entries() if e is not incoming and e.lifecycle.state in SPEC_RESIDENT]
+        others = [
+            e
+            for e in registry.entries()
+            if e is not incoming and e.lifecycle.state in SPEC_RESIDENT
+        ]
         fits_count = limits.max_loaded_models <= 0 or len(others) < limits.max_loaded_models
         used = sum(e.memory_bytes for e in others) + (incoming.memory_bytes if incoming else 0)
         fits_memory = limits.memory_budget <= 0 or used <= limits.memory_budget
@@ -138,7 +154,15 @@ class Monitor:
         if new is None or old is None:
             return
         same = (old.family, old.path, old.task, old.mode, old.slots, old.backend, old.device)
-        if same == (new.family, new.path, new.task, new.mode, new.slots, new.backend, new.device) and (
+        if same == (
+            new.family,
+            new.path,
+            new.task,
+            new.mode,
+            new.slots,
+            new.backend,
+            new.device,
+        ) and (
             dict(old.load_options),
             dict(old.session_options),
         ) == (dict(new.load_options), dict(new.session_options)):
@@ -147,7 +171,9 @@ class Monitor:
                 "operational fields (lazy, busy_timeout_ms, memory_bytes) changed"
             )
 
-    def check_retirements(self, now: float, idle_seconds: float, victims: Sequence[Eviction]) -> None:
+    def check_retirements(
+        self, now: float, idle_seconds: float, victims: Sequence[Eviction]
+    ) -> None:
         """Reference §4.8: a model is idle from the end of its last request, stream or batch."""
         for v in victims:
             ended = self.last_use_end.get(v.model)
@@ -157,7 +183,9 @@ class Monitor:
                     f"ended at t={ended}, less than {idle_seconds}s before"
                 )
 
-    def wrap_retire(self, retire: Callable[[float, float], tuple[Eviction, ...]]) -> Callable[[float, float], tuple[Eviction, ...]]:
+    def wrap_retire(
+        self, retire: Callable[[float, float], tuple[Eviction, ...]]
+    ) -> Callable[[float, float], tuple[Eviction, ...]]:
         def wrapped(now: float, idle_seconds: float) -> tuple[Eviction, ...]:
             victims = retire(now, idle_seconds)
             self.check_retirements(now, idle_seconds, victims)
@@ -165,7 +193,9 @@ class Monitor:
 
         return wrapped
 
-    def wrap_reconfigure(self, reconfigure: Callable[[ModelSpec], Any]) -> Callable[[ModelSpec], Any]:
+    def wrap_reconfigure(
+        self, reconfigure: Callable[[ModelSpec], Any]
+    ) -> Callable[[ModelSpec], Any]:
         async def wrapped(spec: ModelSpec) -> Any:
             token = APPLYING.set(spec)
             try:
@@ -198,7 +228,9 @@ class Monitor:
     def use(self, session: Any, what: str) -> None:
         sid = id(session)
         if sid in self.sessions_busy:
-            self.flag(f"invariant 2: session {getattr(session, 'sid', '?')} used by two leases at once ({what})")
+            self.flag(
+                f"invariant 2: session {getattr(session, 'sid', '?')} used by two leases at once ({what})"
+            )
         self.sessions_busy.add(sid)
 
     def done(self, session: Any) -> None:
@@ -248,21 +280,27 @@ class MonitoredProvider:
             self._m.done(session)
 
 
-def monitored(factory: Callable[..., Runtime] = Runtime, *, checks: bool = True) -> Callable[..., Runtime]:
+def monitored(
+    factory: Callable[..., Runtime] = Runtime, *, checks: bool = True
+) -> Callable[..., Runtime]:
     """A ``runtime_factory`` for :func:`sim.runner.run_scenario` whose runtime is watched.
 
     ``checks=False`` keeps only the livelock guard: the run sees exactly what
     ``voxpool sim run`` sees, but cannot spin forever.
     """
 
-    def build(provider: Any, config: Any, *, trace: Callable[[TraceRecord], None], **kw: Any) -> Runtime:
+    def build(
+        provider: Any, config: Any, *, trace: Callable[[TraceRecord], None], **kw: Any
+    ) -> Runtime:
         monitor = Monitor(checks)
 
         def sink(r: TraceRecord) -> None:
             trace(r)
             monitor.observe(r)
 
-        rt = factory(MonitoredProvider(provider, monitor) if checks else provider, config, trace=sink, **kw)
+        rt = factory(
+            MonitoredProvider(provider, monitor) if checks else provider, config, trace=sink, **kw
+        )
         monitor.rt = rt
         if checks:
             rt.core.bulk_publish = monitor.wrap_bulk(rt.core.bulk_publish)  # type: ignore[method-assign]

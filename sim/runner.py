@@ -87,7 +87,9 @@ class _Run:
     ) -> None:
         self.scenario = scenario
         self.seed = seed
-        scheduling = Scheduling(scenario.scheduling) if scenario.scheduling else Scheduling.for_seed(seed)
+        scheduling = (
+            Scheduling(scenario.scheduling) if scenario.scheduling else Scheduling.for_seed(seed)
+        )
         self.clock = clock = SimClock(random.Random(seed), mock, scheduling)
         self.scripts = {m.id: FakeScript.from_mapping(m.script) for m in scenario.models}
         self.provider = FakeProvider(clock, self.scripts)
@@ -136,7 +138,9 @@ class _Run:
             return False
         self.stalls += 1
         if self.stalls == 1:
-            self.note(f"invariant 10: stalled with pending actions {self.player.pending()} and no timer left")
+            self.note(
+                f"invariant 10: stalled with pending actions {self.player.pending()} and no timer left"
+            )
             self.scenario_scope.cancel()
             return True
         if self.shutting_down and not self.shutdown_scope.cancel_called:

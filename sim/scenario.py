@@ -102,8 +102,18 @@ import attrs
 
 ACTIONS = frozenset(
     {
-        "request", "stream", "batch", "load", "unload", "reconfigure", "register", "bulk_unload", "disconnect",
-        "shutdown", "fault", "status",
+        "request",
+        "stream",
+        "batch",
+        "load",
+        "unload",
+        "reconfigure",
+        "register",
+        "bulk_unload",
+        "disconnect",
+        "shutdown",
+        "fault",
+        "status",
     }
 )
 OUTCOMES = frozenset({"ok", "busy", "error", "not_found", "invalid", "cancelled"})
@@ -111,11 +121,21 @@ DISCONNECT_EVENTS = frozenset({"load_end"})
 SCHEDULING = frozenset({"one_at_a_time", "together"})
 EXPECT_KEYS = frozenset(
     {
-        "id", "outcome", "reason", "message", "revision", "session_distinct_from", "session_same_as",
-        "granted_at", "result", "null",
+        "id",
+        "outcome",
+        "reason",
+        "message",
+        "revision",
+        "session_distinct_from",
+        "session_same_as",
+        "granted_at",
+        "result",
+        "null",
     }
 )
-MODEL_KEYS = frozenset({"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"})
+MODEL_KEYS = frozenset(
+    {"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"}
+)
 
 
 @attrs.frozen
@@ -161,7 +181,6 @@ class Expect:
     null: Sequence[str] = ()
 
 
-
 @attrs.frozen
 class Scenario:
     name: str
@@ -203,19 +222,29 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
         if do not in ACTIONS:
             raise ScenarioError(f"action {i}: 'do' must be one of {sorted(ACTIONS)}, got {do!r}")
         model = a.get("model", "")
-        if do in {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "fault"} and not model:
+        if (
+            do
+            in {"request", "stream", "batch", "load", "unload", "reconfigure", "register", "fault"}
+            and not model
+        ):
             raise ScenarioError(f"action {i} ({do}) needs a model")
         if model and model not in ids and do not in {"register", "request", "unload", "status"}:
             raise ScenarioError(f"action {i}: unknown model {model!r}")
         params = {k: v for k, v in a.items() if k not in {"at", "do", "id", "model"}}
-        actions.append(Action(float(a.get("at", 0.0)), do, str(a.get("id", f"{do}{i}")), model, params))
+        actions.append(
+            Action(float(a.get("at", 0.0)), do, str(a.get("id", f"{do}{i}")), model, params)
+        )
     names = [a.id for a in actions]
     for a in actions:
         if a.do == "disconnect" and a.params.get("on", "load_end") not in DISCONNECT_EVENTS:
             raise ScenarioError(f"action {a.id}: 'on' must be one of {sorted(DISCONNECT_EVENTS)}")
         if a.do == "disconnect" and "target" not in a.params and not ("on" in a.params and a.model):
             raise ScenarioError(f"action {a.id}: a disconnect needs a target, or a model and 'on'")
-        if a.do == "disconnect" and "target" in a.params and a.params["target"] not in {b.id for b in actions}:
+        if (
+            a.do == "disconnect"
+            and "target" in a.params
+            and a.params["target"] not in {b.id for b in actions}
+        ):
             raise ScenarioError(f"action {a.id}: unknown target {a.params['target']!r}")
     if len(names) != len(set(names)):
         raise ScenarioError("action ids must be unique")
@@ -231,7 +260,9 @@ def parse(raw: Mapping[str, Any], default_name: str = "scenario") -> Scenario:
         if outcomes is not None and not set(outcomes) <= OUTCOMES:
             raise ScenarioError(f"outcome must be one of {sorted(OUTCOMES)}")
         if "granted_at" in e and by_id[e["id"]].do not in ("request", "batch"):
-            raise ScenarioError(f"expectation {e['id']}: granted_at applies to request and batch actions")
+            raise ScenarioError(
+                f"expectation {e['id']}: granted_at applies to request and batch actions"
+            )
         for other in (*e.get("session_distinct_from", ()), *e.get("session_same_as", ())):
             if other not in names:
                 raise ScenarioError(f"expectation {e['id']} names an unknown action {other!r}")
@@ -324,7 +355,11 @@ def _toml(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+        return (
+            '"'
+            + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+            + '"'
+        )
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml(x) for x in v) + "]"
     if isinstance(v, Mapping):

@@ -36,7 +36,9 @@ from core.events import TraceRecord
 from sim.runner import RunResult
 
 REQUEST_ACTIONS = frozenset({"request", "stream", "batch"})
-MANAGEMENT_ACTIONS = frozenset({"load", "unload", "reconfigure", "register", "bulk_unload", "shutdown"})
+MANAGEMENT_ACTIONS = frozenset(
+    {"load", "unload", "reconfigure", "register", "bulk_unload", "shutdown"}
+)
 
 OUTCOME_COLOURS = {
     "ok": "#43a047",
@@ -49,8 +51,16 @@ PENDING_COLOUR = "#d0d0d0"
 BARRIER_COLOUR = "#bbdefb"
 LOAD_COLOUR = "#1565c0"
 TEARDOWN_COLOUR = "#6d4c41"
-QUEUE_COLOURS = ("#1e88e5", "#8e24aa", "#00897b", "#f4511e", "#6d4c41", "#c0ca33", "#3949ab", "#d81b60")
-
+QUEUE_COLOURS = (
+    "#1e88e5",
+    "#8e24aa",
+    "#00897b",
+    "#f4511e",
+    "#6d4c41",
+    "#c0ca33",
+    "#3949ab",
+    "#d81b60",
+)
 
 
 @attrs.define
@@ -202,7 +212,12 @@ class _Reader:
             self._armed = None  # ownership never outlives the trio step (same virtual instant)
         if ev == "action":
             self.model(rec.model)
-            self.actions[str(rec.args["id"])] = {"do": rec.args.get("do"), "model": rec.model, "start": rec.t, "outcome": "pending"}
+            self.actions[str(rec.args["id"])] = {
+                "do": rec.args.get("do"),
+                "model": rec.model,
+                "start": rec.t,
+                "outcome": "pending",
+            }
             self._armed, self._armed_at = str(rec.args["id"]), rec.t
             return
         if ev == "action_end":
@@ -262,10 +277,11 @@ class _Reader:
             self.evictions(f.get("evict", ()), t, "retire")
 
 
-
 def build(result: RunResult) -> Timeline:
     """The timeline of ``result`` (see the module docstring for what goes where)."""
-    return build_from_trace(result.trace, f"{result.scenario} (seed {result.seed})", result.end_time)
+    return build_from_trace(
+        result.trace, f"{result.scenario} (seed {result.seed})", result.end_time
+    )
 
 
 def build_from_trace(trace: Iterable[TraceRecord], title: str = "", end: float = 0.0) -> Timeline:
@@ -290,7 +306,9 @@ def build_from_trace(trace: Iterable[TraceRecord], title: str = "", end: float =
             held = next((i for i in owned if i.slot is not None and i.granted is not None), None)
             if held is None:
                 rejected_lane.add(model)
-                bars.append(Bar("request", (model, "rejected"), start, stop, colour, action_id, action_id))
+                bars.append(
+                    Bar("request", (model, "rejected"), start, stop, colour, action_id, action_id)
+                )
                 continue
             lane = (held.model, f"slot {held.slot}")
             assert held.granted is not None
@@ -303,19 +321,51 @@ def build_from_trace(trace: Iterable[TraceRecord], title: str = "", end: float =
                 lane = (info.model, "mgmt")
                 if info.granted is None:
                     stop_at = info.ended if info.ended is not None else stop
-                    bars.append(Bar("barrier", lane, info.arrived, stop_at, colour, f"{action_id} ({outcome})", action_id))
+                    bars.append(
+                        Bar(
+                            "barrier",
+                            lane,
+                            info.arrived,
+                            stop_at,
+                            colour,
+                            f"{action_id} ({outcome})",
+                            action_id,
+                        )
+                    )
                     continue
                 if info.granted > info.arrived:
-                    bars.append(Bar("wait", lane, info.arrived, info.granted, colour, action_id, action_id))
+                    bars.append(
+                        Bar("wait", lane, info.arrived, info.granted, colour, action_id, action_id)
+                    )
                 released = info.ended if info.ended is not None else stop
-                bars.append(Bar("barrier", lane, info.granted, released, colour, action_id, action_id))
+                bars.append(
+                    Bar("barrier", lane, info.granted, released, colour, action_id, action_id)
+                )
     for info in r.tickets.values():
         unowned = info.action is None and info.kind != "request"
-        if unowned and info.granted is not None and info.ended is not None and info.ended > info.granted:
+        if (
+            unowned
+            and info.granted is not None
+            and info.ended is not None
+            and info.ended > info.granted
+        ):
             label = {"manage": "load", "bulk": "shutdown"}.get(info.kind, info.kind)
-            bars.append(Bar("barrier", (info.model, "mgmt"), info.granted, info.ended, BARRIER_COLOUR, label))
+            bars.append(
+                Bar(
+                    "barrier", (info.model, "mgmt"), info.granted, info.ended, BARRIER_COLOUR, label
+                )
+            )
     for model, what, s, e in r.spans:
-        bars.append(Bar(what, (model, "mgmt"), s, e, LOAD_COLOUR if what == "load" else TEARDOWN_COLOUR, what))
+        bars.append(
+            Bar(
+                what,
+                (model, "mgmt"),
+                s,
+                e,
+                LOAD_COLOUR if what == "load" else TEARDOWN_COLOUR,
+                what,
+            )
+        )
     lanes: list[tuple[str, str]] = []
     for model in r.models:
         lanes.append((model, "mgmt"))
@@ -346,14 +396,17 @@ def render(tl: Timeline, path: str) -> None:
     span = max(tl.end, 1e-3)
     min_width = span / 400.0
     lanes_h, queue_h = 0.3 * max(len(tl.lanes), 1), 1.3
-    with mpl.rc_context({"svg.hashsalt": "voxpool-timeline", "svg.fonttype": "none", "font.size": 8}):
+    with mpl.rc_context(
+        {"svg.hashsalt": "voxpool-timeline", "svg.fonttype": "none", "font.size": 8}
+    ):
         fig = Figure(figsize=(12, 1.2 + lanes_h + queue_h), layout="constrained")
         ax, qax = fig.subplots(2, 1, sharex=True, height_ratios=(lanes_h, queue_h))
         counters: dict[str, int] = {}
 
         def rect(bar: Bar, y: float, h: float, **style: object) -> None:
             n = counters[bar.kind] = counters.get(bar.kind, 0) + 1
-            patch = Rectangle((bar.start, y - h / 2), max(bar.end - bar.start, min_width), h, **style)  # type: ignore[arg-type]
+            width = max(bar.end - bar.start, min_width)
+            patch = Rectangle((bar.start, y - h / 2), width, h, **style)  # type: ignore[arg-type]
             patch.set_gid(f"bar-{bar.kind}-{n}")
             ax.add_patch(patch)
 
@@ -365,16 +418,37 @@ def render(tl: Timeline, path: str) -> None:
                 rect(bar, y, 0.12, facecolor=bar.colour, edgecolor="none", alpha=0.6, zorder=0.9)
             elif bar.kind == "barrier":
                 edge = bar.colour if bar.colour != BARRIER_COLOUR else "#607d8b"
-                rect(bar, y, 0.8, facecolor=BARRIER_COLOUR, edgecolor=edge, linewidth=1.0, hatch="//")
+                rect(
+                    bar, y, 0.8, facecolor=BARRIER_COLOUR, edgecolor=edge, linewidth=1.0, hatch="//"
+                )
             else:
                 rect(bar, y + 0.22, 0.25, facecolor=bar.colour, edgecolor="none")
             if not bar.label or bar.kind in ("load", "teardown"):
                 continue
             if bar.end - bar.start > span / 40 or bar.lane[1] == "rejected":
-                left = bar.start + (span / 400 if bar.end - bar.start > span / 40 else min_width * 1.5)
-                ax.text(left, y - (0.12 if bar.kind == "barrier" else 0.0), bar.label, va="center", ha="left", fontsize=6.5, clip_on=True)
+                left = bar.start + (
+                    span / 400 if bar.end - bar.start > span / 40 else min_width * 1.5
+                )
+                ax.text(
+                    left,
+                    y - (0.12 if bar.kind == "barrier" else 0.0),
+                    bar.label,
+                    va="center",
+                    ha="left",
+                    fontsize=6.5,
+                    clip_on=True,
+                )
             elif bar.kind == "wait" or bar.lane[1] == "mgmt":
-                ax.text(bar.start, y - 0.3, bar.label, va="bottom", ha="left", fontsize=6, color="#424242", clip_on=True)
+                ax.text(
+                    bar.start,
+                    y - 0.3,
+                    bar.label,
+                    va="bottom",
+                    ha="left",
+                    fontsize=6,
+                    color="#424242",
+                    clip_on=True,
+                )
         ax.set_ylim(len(tl.lanes) - 0.5, -0.5)
         ax.set_yticks(range(len(tl.lanes)), [f"{m}  {name}" for m, name in tl.lanes])
         for i in range(1, len(tl.lanes)):
@@ -383,22 +457,51 @@ def render(tl: Timeline, path: str) -> None:
         ax.grid(axis="x", color="#eeeeee", linewidth=0.5)
         ax.set_axisbelow(True)
         ax.set_title(tl.title)
-        handles: list[Artist] = [Patch(facecolor=c, edgecolor="black", linewidth=0.4, label=f"request: {o}") for o, c in OUTCOME_COLOURS.items()]
+        handles: list[Artist] = [
+            Patch(facecolor=c, edgecolor="black", linewidth=0.4, label=f"request: {o}")
+            for o, c in OUTCOME_COLOURS.items()
+        ]
         handles += [
-            Patch(facecolor=BARRIER_COLOUR, edgecolor="#607d8b", hatch="//", label="management barrier"),
+            Patch(
+                facecolor=BARRIER_COLOUR,
+                edgecolor="#607d8b",
+                hatch="//",
+                label="management barrier",
+            ),
             Patch(facecolor=LOAD_COLOUR, label="weight load"),
             Patch(facecolor=TEARDOWN_COLOUR, label="teardown"),
-            Line2D([], [], color="#757575", linewidth=2, label="time queued (thin, outcome colour)"),
+            Line2D(
+                [], [], color="#757575", linewidth=2, label="time queued (thin, outcome colour)"
+            ),
         ]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
+        ax.legend(
+            handles=handles,
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            fontsize=7,
+            frameon=False,
+        )
         for i, (model, steps) in enumerate(tl.queue.items()):
             xs, ys = _steps(steps)
-            qax.step(xs, ys, where="post", color=QUEUE_COLOURS[i % len(QUEUE_COLOURS)], label=model, linewidth=1.2)
+            qax.step(
+                xs,
+                ys,
+                where="post",
+                color=QUEUE_COLOURS[i % len(QUEUE_COLOURS)],
+                label=model,
+                linewidth=1.2,
+            )
         qax.set_ylabel("queued")
         qax.set_xlabel("virtual time (s)")
         qax.yaxis.get_major_locator().set_params(integer=True)
         qax.set_xlim(0.0, span * 1.01)
-        qax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False, title="queue depth")
+        qax.legend(
+            loc="upper left",
+            bbox_to_anchor=(1.005, 1.0),
+            fontsize=7,
+            frameon=False,
+            title="queue depth",
+        )
         qax.grid(color="#eeeeee", linewidth=0.5)
         metadata = {"Date": None} if suffix == ".svg" else None
         fig.savefig(path, metadata=metadata, dpi=110)

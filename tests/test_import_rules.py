@@ -10,9 +10,32 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = {"core", "sim", "backends", "server"}
 IO_ASYNC_ARRAY = {
-    "asyncio", "trio", "anyio", "threading", "multiprocessing", "concurrent", "socket", "subprocess",
-    "time", "os", "io", "pathlib", "shutil", "tempfile", "numpy", "cupy", "pyopencl", "select",
-    "selectors", "signal", "random", "datetime", "urllib", "http", "httpx", "hypercorn",
+    "asyncio",
+    "trio",
+    "anyio",
+    "threading",
+    "multiprocessing",
+    "concurrent",
+    "socket",
+    "subprocess",
+    "time",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "numpy",
+    "cupy",
+    "pyopencl",
+    "select",
+    "selectors",
+    "signal",
+    "random",
+    "datetime",
+    "urllib",
+    "http",
+    "httpx",
+    "hypercorn",
 }
 
 
@@ -81,7 +104,9 @@ def test_server_runtime_imports_only_core(path: Path) -> None:
     dotted = {m for m in full_imports(path) if m.split(".")[0] == "server"}
     assert found <= {"core", "server"}, f"{path} imports {found}"
     assert all(m.startswith("server.runtime") for m in dotted), f"{path} imports {dotted}"
-    assert not (imports(path) & {"numpy", "cupy", "pyopencl"}), "the runtime must run without array libraries"
+    assert not (imports(path) & {"numpy", "cupy", "pyopencl"}), (
+        "the runtime must run without array libraries"
+    )
 
 
 @pytest.mark.parametrize("path", modules("sim"), ids=lambda p: str(p.relative_to(ROOT)))

@@ -15,7 +15,16 @@ from server.cmd_validate import GROUPS, build_record, run_pytest
 from server.provider import ThreadedProvider
 from server.validation import MIN_STARTS, MIN_WAVES, GateProvider
 
-FIELDS = {"id", "title", "applicability", "status", "tested", "evidence", "reproduction", "limitations"}
+FIELDS = {
+    "id",
+    "title",
+    "applicability",
+    "status",
+    "tested",
+    "evidence",
+    "reproduction",
+    "limitations",
+}
 
 
 def statuses(record: dict[str, Any], key: str = "model_checks") -> dict[str, str]:
@@ -25,13 +34,17 @@ def statuses(record: dict[str, Any], key: str = "model_checks") -> dict[str, str
 @pytest.fixture(scope="module")
 def full_record() -> dict[str, Any]:
     """The seed's minimum: three fresh starts, ten mixed warm waves each (a few seconds for VAD)."""
-    return build_record("silero_vad", 2, MIN_STARTS, MIN_WAVES, framework=False, reproduction="test")
+    return build_record(
+        "silero_vad", 2, MIN_STARTS, MIN_WAVES, framework=False, reproduction="test"
+    )
 
 
 def test_silero_vad_passes_every_model_check_at_two_slots(full_record: dict[str, Any]) -> None:
     record = full_record
     assert list(statuses(record)) == ["M1", "M2", "M3", "M4", "M5", "M6"]
-    assert statuses(record) == dict.fromkeys(statuses(record), "PASS"), json.dumps(record["model_checks"], indent=1)[:4000]
+    assert statuses(record) == dict.fromkeys(statuses(record), "PASS"), json.dumps(
+        record["model_checks"], indent=1
+    )[:4000]
     assert [row["id"] for row in record["framework_checks"]] == ["F1", "F2", "F3", "F4", "F5", "F6"]
     for row in record["model_checks"] + record["framework_checks"]:
         assert set(row) == FIELDS
@@ -51,9 +64,25 @@ def test_silero_vad_passes_every_model_check_at_two_slots(full_record: dict[str,
     assert perf["status"] == "completed" and perf["candidate_2_slots"]["samples"] >= 3
 
 
-def test_cli_writes_the_record_and_tiny_runs_stay_pending(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_writes_the_record_and_tiny_runs_stay_pending(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "record.json"
-    code = cli.main(["validate", "--model", "silero_vad", "--slots", "2", "--starts", "1", "--waves", "2", "--out", str(out)])
+    code = cli.main(
+        [
+            "validate",
+            "--model",
+            "silero_vad",
+            "--slots",
+            "2",
+            "--starts",
+            "1",
+            "--waves",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     record = json.loads(out.read_text())
     got = statuses(record)
@@ -85,8 +114,15 @@ class CorruptingProvider(GateProvider):
 
 
 def test_a_slot_that_differs_by_one_ulp_fails_m2() -> None:
-    record = build_record("silero_vad", 2, 1, 2, framework=False, reproduction="test",
-                          make_provider=lambda: CorruptingProvider(ThreadedProvider()))
+    record = build_record(
+        "silero_vad",
+        2,
+        1,
+        2,
+        framework=False,
+        reproduction="test",
+        make_provider=lambda: CorruptingProvider(ThreadedProvider()),
+    )
     got = statuses(record)
     assert got["M1"] == "PASS"  # single-slot references never touch the clone
     assert got["M2"] == "FAIL" and got["M3"] == "FAIL"

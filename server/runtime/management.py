@@ -171,7 +171,9 @@ class Management:
             try:
                 capacity = await self.probe_capacity(old, spec)
                 if spec.slots > capacity:
-                    raise InvalidRequestError(Reason.CAPACITY_EXCEEDED, capacity_message(spec.family, capacity))
+                    raise InvalidRequestError(
+                        Reason.CAPACITY_EXCEEDED, capacity_message(spec.family, capacity)
+                    )
             except BaseException as exc:
                 reason = getattr(exc, "reason", Reason.LOAD_FAILED)
                 self.rt.core.reject_reconfigure(spec.id, self.rt.clock.now(), reason)
@@ -290,5 +292,6 @@ class Management:
             self.rt.core.stop_admitting(entry.id, now)
         await self.rt.wait_quiet()
         await self.bulk_unload(None)
-        self.rt.closed = True  # a cancelled shutdown leaves this False: leaving the runtime finishes it
-
+        self.rt.closed = (
+            True  # a cancelled shutdown leaves this False: leaving the runtime finishes it
+        )

@@ -48,7 +48,14 @@ class ModelSpec:
         """What identifies the immutable weights (a loaded factory): family, path, mode (a
         family may load differently per mode), backend, device and load options. The one
         definition: the provider's weight cache keys on it too."""
-        return (self.family, self.path, self.mode, self.backend, self.device, sorted(self.load_options.items()))
+        return (
+            self.family,
+            self.path,
+            self.mode,
+            self.backend,
+            self.device,
+            sorted(self.load_options.items()),
+        )
 
     def session_key(self) -> tuple[Any, ...]:
         """What identifies the sessions built on those weights (and so their capacity)."""

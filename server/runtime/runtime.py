@@ -93,7 +93,13 @@ class Runtime:
         self.config = config or RuntimeConfig()
         self.clock: Clock = clock or SystemClock()
         limits = ResidencyLimits(self.config.max_loaded_models, self.config.memory_budget)
-        self.core = Core(limits, max_queue=self.config.max_queue, sink=trace, kind=self.config.kind, choose=choose)
+        self.core = Core(
+            limits,
+            max_queue=self.config.max_queue,
+            sink=trace,
+            kind=self.config.kind,
+            choose=choose,
+        )
         self.specs: dict[str, ModelSpec] = {}
         self.pools: dict[str, LivePool] = {}
         self.waits = WaitTable()
@@ -164,7 +170,9 @@ class Runtime:
 
     def is_quiet(self) -> bool:
         """No lease held or queued anywhere and no background work in flight."""
-        return self._background == 0 and all(e.admission.is_idle() for e in self.core.registry.entries())
+        return self._background == 0 and all(
+            e.admission.is_idle() for e in self.core.registry.entries()
+        )
 
     async def wait_quiet(self) -> None:
         """Wait until :meth:`is_quiet`."""
@@ -172,7 +180,9 @@ class Runtime:
             await self._changed.wait()
 
     # ------------------------------------------- management (the component's)
-    def manage(self, model: str, timeout_s: float | None = None) -> AbstractAsyncContextManager[Lease]:
+    def manage(
+        self, model: str, timeout_s: float | None = None
+    ) -> AbstractAsyncContextManager[Lease]:
         return self.management.manage(model, timeout_s)
 
     async def load_model(self, model: str) -> None:
@@ -286,7 +296,9 @@ class Runtime:
             session = await self.ensure_loaded(model, lease)
             key = (model, lease.request_slot())
             if key in self.in_use:
-                raise InvariantBroken(f"slot {key} leased to ticket {ticket} while ticket {self.in_use[key]} uses it")
+                raise InvariantBroken(
+                    f"slot {key} leased to ticket {ticket} while ticket {self.in_use[key]} uses it"
+                )
             self.in_use[key] = ticket
             try:
                 yield Held(model, lease, session, self.pools[model].spec)
@@ -299,7 +311,9 @@ class Runtime:
     async def ensure_loaded(self, model: str, lease: Lease) -> Session:
         """The session of ``lease``'s slot, after the first load if this holder must do it."""
         ticket = lease.ticket
-        decision: Proceed | WaitLoad | RoomDecision = self.core.ensure_loaded(model, ticket, self.clock.now())
+        decision: Proceed | WaitLoad | RoomDecision = self.core.ensure_loaded(
+            model, ticket, self.clock.now()
+        )
         while True:
             if isinstance(decision, Proceed):
                 return self.session_for(model, lease)
@@ -336,7 +350,11 @@ class Runtime:
     def room_retry(self, model: str) -> RetryAfter | None:
         """After a residency refusal: when the first other resident model would be idle (evictable)."""
         now = self.clock.now()
-        others = [e.admission.idle_after(now) for e in self.core.registry.entries() if e.id != model and e.resident]
+        others = [
+            e.admission.idle_after(now)
+            for e in self.core.registry.entries()
+            if e.id != model and e.resident
+        ]
         return min(others, key=lambda r: r.seconds, default=None)
 
     def evict(self, evictions: Sequence[Eviction]) -> None:
@@ -371,7 +389,9 @@ class Runtime:
                 self.waits.load_retry(outcome.retry)
             raise
         self.pools[model] = live
-        outcome = self.core.load_succeeded(model, start.ticket, live.pool.capacity, self.clock.now())
+        outcome = self.core.load_succeeded(
+            model, start.ticket, live.pool.capacity, self.clock.now()
+        )
         self.waits.load_proceed(outcome.proceed)
 
     async def build_pool(self, spec: ModelSpec, generation: int) -> LivePool:
@@ -453,7 +473,9 @@ class Runtime:
         async with self.acquire(model, timeout_ms) as held:
             return await self.run_on(held, request)
 
-    async def batch(self, model: str, requests: Sequence[Any], timeout_ms: int | None = None) -> list[Any]:
+    async def batch(
+        self, model: str, requests: Sequence[Any], timeout_ms: int | None = None
+    ) -> list[Any]:
         """Run a native batch on one leased session."""
         async with self.acquire(model, timeout_ms) as held:
             return await self.batch_on(held, requests)

@@ -21,7 +21,6 @@ class RuntimeConfig:
     kind: RuntimeKind = RuntimeKind.PARALLEL
 
 
-
 @attrs.define
 class LivePool:
     """A published pool with the weights it was built on and its generation."""

@@ -1,6 +1,5 @@
 """What the gate watches: a provider that can fail or corrupt on cue, memory, leases, check records."""
 
-
 from __future__ import annotations
 
 import contextlib
@@ -109,7 +108,9 @@ class Monitor:
                     row = rt.status_of(model)
                     self.active[self.phase] = max(self.active.get(self.phase, 0), row.active_slots)
                     if row.loaded:
-                        self.active_ready[self.phase] = max(self.active_ready.get(self.phase, 0), row.active_slots)
+                        self.active_ready[self.phase] = max(
+                            self.active_ready.get(self.phase, 0), row.active_slots
+                        )
             now = time.perf_counter()
             if now - last_rss >= 0.02:
                 self.rss.append((round(now - self.t0, 4), self.phase, rss_bytes()))

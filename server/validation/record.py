@@ -1,6 +1,5 @@
 """The admission record: manifest, model checks, performance; and run_gate, the entry point."""
 
-
 from __future__ import annotations
 
 import hashlib
@@ -64,36 +63,57 @@ def source_identity() -> dict[str, Any]:
 
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+            ).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return None
 
     status = git("status", "--porcelain", "--", "core", "backends", "server")
-    return {"git_commit": git("rev-parse", "HEAD"), "sources_dirty": bool(status), "sources_sha256": h.hexdigest()}
+    return {
+        "git_commit": git("rev-parse", "HEAD"),
+        "sources_dirty": bool(status),
+        "sources_sha256": h.hexdigest(),
+    }
 
 
 def manifest(gate: Gate) -> dict[str, Any]:
     from threadpoolctl import threadpool_info
 
     return {
-        "family": gate.family, "task": gate.plan.task, "backend": "numpy", "device": "cpu",
+        "family": gate.family,
+        "task": gate.plan.task,
+        "backend": "numpy",
+        "device": "cpu",
         "precision": "float32 on host (weights as shipped, upcast on load)",
         "weights": weight_files(gate.family),
         "inputs": {c.name: c.meta for c in gate.cases},
         "stream_inputs": {c.name: c.meta for c in gate.plan.stream_cases()},
-        "options": {"slots": gate.slots, "starts": gate.starts, "waves": gate.waves,
-                    "busy_timeout_ms": 600_000, "stream_mode": gate.plan.stream_mode},
+        "options": {
+            "slots": gate.slots,
+            "starts": gate.starts,
+            "waves": gate.waves,
+            "busy_timeout_ms": 600_000,
+            "stream_mode": gate.plan.stream_mode,
+        },
         "candidate": source_identity(),
         "packages": {name: _version(name) for name in PACKAGES},
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "blas": [{k: i.get(k) for k in ("internal_api", "version", "num_threads")} for i in threadpool_info()],
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "blas": [
+            {k: i.get(k) for k in ("internal_api", "version", "num_threads")}
+            for i in threadpool_info()
+        ],
     }
 
 
 # --------------------------------------------------------------- record
 def _ms(values: Sequence[float]) -> dict[str, Any]:
-    return {"samples": len(values), "median_ms": round(1000 * statistics.median(values), 2) if values else None,
-            "all_ms": [round(1000 * v, 2) for v in values]}
+    return {
+        "samples": len(values),
+        "median_ms": round(1000 * statistics.median(values), 2) if values else None,
+        "all_ms": [round(1000 * v, 2) for v in values],
+    }
 
 
 def performance(gate: Gate) -> dict[str, Any]:
@@ -105,29 +125,45 @@ def performance(gate: Gate) -> dict[str, Any]:
         b, c = statistics.median(p[base]), statistics.median(p[cand])
         return round(100 * (b - c) / b, 1)
 
-    return {"status": "completed", "workload": [gate.cases[i].name for i in gate.pick(gate.slots)],
-            "base_one_request": _ms(p["original_one"]), "candidate_one_slot_one_request": _ms(p["candidate_one"]),
-            "one_request_time_saved_pct": saved("original_one", "candidate_one"),
-            "base_n_serial": _ms(p["original_serial_n"]), "candidate_one_slot_n_serial": _ms(p["candidate_serial_n"]),
-            f"candidate_{gate.slots}_slots": _ms(p["candidate_n_slots"]),
-            "n_requests_time_saved_pct": saved("original_serial_n", "candidate_n_slots"),
-            "note": "warm only (cold loads excluded); base = original runtime at one slot; separate from admission"}
+    return {
+        "status": "completed",
+        "workload": [gate.cases[i].name for i in gate.pick(gate.slots)],
+        "base_one_request": _ms(p["original_one"]),
+        "candidate_one_slot_one_request": _ms(p["candidate_one"]),
+        "one_request_time_saved_pct": saved("original_one", "candidate_one"),
+        "base_n_serial": _ms(p["original_serial_n"]),
+        "candidate_one_slot_n_serial": _ms(p["candidate_serial_n"]),
+        f"candidate_{gate.slots}_slots": _ms(p["candidate_n_slots"]),
+        "n_requests_time_saved_pct": saved("original_serial_n", "candidate_n_slots"),
+        "note": "warm only (cold loads excluded); base = original runtime at one slot; separate from admission",
+    }
 
 
 def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
-    tested = {"family": gate.family, "backend": "numpy", "device": "cpu", "slots": gate.slots,
-              "runtime": "parallel"}
+    tested = {
+        "family": gate.family,
+        "backend": "numpy",
+        "device": "cpu",
+        "slots": gate.slots,
+        "runtime": "parallel",
+    }
     limits = {
-        "M1": ["no separate upstream C++ build: 'upstream' is the family's session called directly"],
+        "M1": [
+            "no separate upstream C++ build: 'upstream' is the family's session called directly"
+        ],
         "M2": [f"admits only {gate.slots} slots; lower counts need their own runs"],
         "M3": ["stateless per request: no per-session history requirement"],
         "M4": ["queue/timeout/eviction semantics are shared framework evidence (F1/F5)"],
-        "M5": ["host RSS only (numpy backend, no device memory)",
-               f"declared tolerance {GROWTH_TOLERANCE_BYTES // (1024 * 1024)} MiB for late growth"],
+        "M5": [
+            "host RSS only (numpy backend, no device memory)",
+            f"declared tolerance {GROWTH_TOLERANCE_BYTES // (1024 * 1024)} MiB for late growth",
+        ],
         "M6": ["native batch mode is not admitted by this gate (NOT_APPLICABLE for batch)"],
     }
     gate.check("M6").evidence["offline"] = "M2/M3 waves (offline requests)"
-    gate.check("M6").evidence["batch"] = "NOT_APPLICABLE: not admitted here; batches stay with the framework tests"
+    gate.check("M6").evidence["batch"] = (
+        "NOT_APPLICABLE: not admitted here; batches stay with the framework tests"
+    )
     rows = []
     for cid, c in gate.checks.items():
         evidence = dict(c.evidence)
@@ -135,28 +171,51 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
             evidence["failures"] = c.failures[:50]
         if c.gaps:
             evidence["pending"] = c.gaps
-        rows.append({"id": cid, "title": c.title, "applicability": c.applicability, "status": c.status(),
-                     "tested": tested, "evidence": evidence, "reproduction": reproduction,
-                     "limitations": limits[cid] + c.limitations})
+        rows.append(
+            {
+                "id": cid,
+                "title": c.title,
+                "applicability": c.applicability,
+                "status": c.status(),
+                "tested": tested,
+                "evidence": evidence,
+                "reproduction": reproduction,
+                "limitations": limits[cid] + c.limitations,
+            }
+        )
     return rows
 
 
-def run_gate(family: str, slots: int, starts: int = MIN_STARTS, waves: int = MIN_WAVES,
-             make_provider: Callable[[], GateProvider] | None = None,
-             reproduction: str = "") -> dict[str, Any]:
+def run_gate(
+    family: str,
+    slots: int,
+    starts: int = MIN_STARTS,
+    waves: int = MIN_WAVES,
+    make_provider: Callable[[], GateProvider] | None = None,
+    reproduction: str = "",
+) -> dict[str, Any]:
     """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread) and return the record's model half."""
     from threadpoolctl import threadpool_limits
 
     if family not in PLANS:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PLANS)}")
-    gate = Gate(family, slots, starts, waves, make_provider or (lambda: GateProvider(ThreadedProvider())))
+    gate = Gate(
+        family, slots, starts, waves, make_provider or (lambda: GateProvider(ThreadedProvider()))
+    )
     t = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
         anyio.run(gate.run)
         info = manifest(gate)
     rss = gate.monitor.rss
     gate.check("M5").evidence.update(
-        interval_ms=20, samples=len(rss), peak_mib=round(max((r for *_, r in rss), default=0) / 2**20, 2))
-    return {"procedure": PROCEDURE, "manifest": info,
-            "model_checks": model_record(gate, reproduction), "performance": performance(gate),
-            "elapsed_s": round(time.perf_counter() - t, 2)}
+        interval_ms=20,
+        samples=len(rss),
+        peak_mib=round(max((r for *_, r in rss), default=0) / 2**20, 2),
+    )
+    return {
+        "procedure": PROCEDURE,
+        "manifest": info,
+        "model_checks": model_record(gate, reproduction),
+        "performance": performance(gate),
+        "elapsed_s": round(time.perf_counter() - t, 2),
+    }

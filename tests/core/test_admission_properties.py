@@ -117,9 +117,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert isinstance(d, Granted) == idle
         self._decide(t, d)
 
-    @precondition(
-        lambda self: any(k is LeaseKind.MANAGEMENT for k in self.holders.values())
-    )
+    @precondition(lambda self: any(k is LeaseKind.MANAGEMENT for k in self.holders.values()))
     @rule(slots=st.integers(1, 4))
     def resize_under_management(self, slots: int) -> None:
         self.adm.configure(slots)
@@ -154,5 +152,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.adm.is_idle()
 
 
-AdmissionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+AdmissionMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestAdmissionProperties = AdmissionMachine.TestCase

@@ -45,7 +45,9 @@ def test_every_worker_busy_with_fifty_ms() -> None:
         assert isinstance(g.request(t, 0.0, 0.050), Queued)
     wake = g.expire(0.050)
     assert sorted(e.ticket for e in wake.expired) == list(range(1, 9))
-    assert all("timed out after 50 ms waiting for the inference lock" in e.message for e in wake.expired)
+    assert all(
+        "timed out after 50 ms waiting for the inference lock" in e.message for e in wake.expired
+    )
 
 
 def test_overrun_holder_rejects_at_once() -> None:

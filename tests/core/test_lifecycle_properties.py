@@ -124,7 +124,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         elif not isinstance(d, Queued):
             self.roles.pop(t)
 
-    @rule(m=st.sampled_from(MODELS), kind=st.sampled_from(["unload", "reconfigure:1", "reconfigure:2", "reconfigure:reject"]))
+    @rule(
+        m=st.sampled_from(MODELS),
+        kind=st.sampled_from(["unload", "reconfigure:1", "reconfigure:2", "reconfigure:reject"]),
+    )
     def manage(self, m: str, kind: str) -> None:
         t = self.reg.new_ticket()
         self.roles[t] = kind
@@ -183,7 +186,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                     left = e.lifecycle.abandon_wait(retry.ticket)
                     assert left.left is Left.INITIALIZER
                     if left.retry is None:  # nobody left to load: unloaded, not stuck loading
-                        assert e.lifecycle.state is ModelState.UNLOADED and not e.lifecycle.load_waiters
+                        assert (
+                            e.lifecycle.state is ModelState.UNLOADED
+                            and not e.lifecycle.load_waiters
+                        )
                     self.finish_holder(job.model, retry.ticket)
                     retry = left.retry
                 if retry is not None:
@@ -206,5 +212,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         violations = check_quiescent(self.reg)
         assert not violations, [str(v) for v in violations]
 
-LifecycleMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+
+LifecycleMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None
+)
 TestLifecycleProperties = LifecycleMachine.TestCase

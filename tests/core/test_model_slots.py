@@ -60,7 +60,9 @@ class Driver:
             assert not released.double
             self.absorb(released.wakeups)
             if cascade is not None:
-                work.extend(lease.ticket for lease in released.wakeups.granted if lease.ticket in cascade)
+                work.extend(
+                    lease.ticket for lease in released.wakeups.granted if lease.ticket in cascade
+                )
 
 
 def zeros(adm: Admission) -> bool:
@@ -127,7 +129,9 @@ def test_management_reservations() -> None:
     first_reservation, dec = d.manage(0.0, 0)
     assert isinstance(dec, Queued)
     later, dec = d.request(0.0, 0)
-    assert isinstance(dec, Queued), "a request must not use the spare slot ahead of a queued manager"
+    assert isinstance(dec, Queued), (
+        "a request must not use the spare slot ahead of a queued manager"
+    )
     second_reservation, _ = d.manage(0.0, 0)
     cancelled = adm.cancel(first_reservation, 0.001)
     assert isinstance(cancelled, Cancelled) and cancelled.was == "queued"

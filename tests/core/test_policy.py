@@ -56,7 +56,9 @@ def test_model_busy_timeout_overrides_server_and_may_exceed_it() -> None:
         (1000, 99999, -1, False),
     ],
 )
-def test_overrun_predicate_table(since: float | None, now: float, timeout: float, expected: bool) -> None:
+def test_overrun_predicate_table(
+    since: float | None, now: float, timeout: float, expected: bool
+) -> None:
     assert overrun(since, now, timeout) is expected
 
 
@@ -107,6 +109,17 @@ def test_unwrap_raises_with_reason() -> None:
     assert unwrap(validate_slots(3)) == 3
 
 
-@pytest.mark.parametrize(("value", "ok"), [(0, True), (300000, True), (-1, False), ("5", False), (True, False), (1.5, False), (10.0, True)])
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (0, True),
+        (300000, True),
+        (-1, False),
+        ("5", False),
+        (True, False),
+        (1.5, False),
+        (10.0, True),
+    ],
+)
 def test_timeout_validation(value: object, ok: bool) -> None:
     assert isinstance(validate_timeout_ms(value), Valid) is ok

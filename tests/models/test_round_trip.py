@@ -31,7 +31,28 @@ SENTENCES = [
     "He forgot his umbrella, so he waited under the bridge until the rain stopped.",
 ]
 
-ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+ONES = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 TENS = ["_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 
 
@@ -100,7 +121,9 @@ def transcripts() -> dict[str, list[str]]:
     return {"ours": ours, "reference": reference}
 
 
-def test_round_trip_wer_no_worse_than_reference_plus_two_points(transcripts: dict[str, list[str]]) -> None:
+def test_round_trip_wer_no_worse_than_reference_plus_two_points(
+    transcripts: dict[str, list[str]],
+) -> None:
     ours = wer(SENTENCES, transcripts["ours"])
     ref = wer(SENTENCES, transcripts["reference"])
     print(f"\nround-trip WER: ours {ours:.3%}, reference {ref:.3%}")

@@ -113,7 +113,8 @@ def _expire_strands(self: Admission, now: float) -> Wakeups:
     free (stranded) until some unrelated release dispatches the queue.
     """
     managers = [
-        w for w in self._queue
+        w
+        for w in self._queue
         if w.kind is LeaseKind.MANAGEMENT and w.deadline is not None and now >= w.deadline
     ]
     if not managers:
@@ -198,7 +199,9 @@ def _release_if_absent(self: BatchScheduler[Any], handle: Any) -> Any:
     if slot is None:
         return StaleHandle(handle)
     if slot.state is not SlotState.FINISHED:
-        return Ignored(handle, slot.state, Reason.SLOT_NOT_FINISHED, "release before the slot finished")
+        return Ignored(
+            handle, slot.state, Reason.SLOT_NOT_FINISHED, "release before the slot finished"
+        )
     released = Released(handle, slot.outcome, len(slot.chunks))
     self._slots[handle.slot] = _Slot(slot.epoch + 1)
     if handle.slot not in self._free:
@@ -208,7 +211,10 @@ def _release_if_absent(self: BatchScheduler[Any], handle: Any) -> Any:
 
 @contextlib.contextmanager
 def _batch_early_free() -> Iterator[None]:
-    with _patched(BatchScheduler, "_end", _end_frees_slot), _patched(BatchScheduler, "release", _release_if_absent):
+    with (
+        _patched(BatchScheduler, "_end", _end_frees_slot),
+        _patched(BatchScheduler, "release", _release_if_absent),
+    ):
         yield
 
 
@@ -217,7 +223,13 @@ def _release_without_use(self: Core, model: str, ticket: int, now: float) -> Any
     """Report 1: a released request lease does not count as use; the idle clock and LRU
     order keep the *start* of the last use (``Core.release`` without its touch)."""
     r = self.entry(model).admission.release(ticket, now)
-    self._record(now, model, "release", {"ticket": ticket}, ("double " if r.double else "") + describe_wakeups(r.wakeups))
+    self._record(
+        now,
+        model,
+        "release",
+        {"ticket": ticket},
+        ("double " if r.double else "") + describe_wakeups(r.wakeups),
+    )
     return r
 
 
@@ -340,4 +352,3 @@ def activate(name: str) -> contextlib.AbstractContextManager[None]:
     if name not in MUTANTS:
         raise KeyError(f"unknown mutant {name!r}; known: {sorted(MUTANTS)}")
     return MUTANTS[name].patch()
-

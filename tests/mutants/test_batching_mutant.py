@@ -87,10 +87,14 @@ class Ownership(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.owners)), label="owner")
         got = self.s.read(self.owners[rid])
         if isinstance(got, Chunk):
-            assert got.data == self.produced[rid][self.read_so_far[rid]], f"request {rid} read {got.data}"
+            assert got.data == self.produced[rid][self.read_so_far[rid]], (
+                f"request {rid} read {got.data}"
+            )
             self.read_so_far[rid] += 1
         elif isinstance(got, EndOfStream):
-            assert self.read_so_far[rid] == len(self.produced[rid]), "end before every chunk was read"
+            assert self.read_so_far[rid] == len(self.produced[rid]), (
+                "end before every chunk was read"
+            )
             self.ended.add(rid)
         else:
             assert isinstance(got, NotReady), f"request {rid}, not yet released, read {got}"
@@ -112,8 +116,13 @@ class Ownership(RuleBasedStateMachine):
         assert not set(self.s.free_slots()) & set(slots), "an owned slot is on the free list"
 
 
-SETTINGS = settings(max_examples=300, stateful_step_count=30, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=300,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 
 
 def test_real_scheduler_keeps_slots_until_the_owner_releases() -> None:
@@ -121,7 +130,10 @@ def test_real_scheduler_keeps_slots_until_the_owner_releases() -> None:
 
 
 def test_batch_slot_early_free_mutant_is_caught() -> None:
-    with MUTANTS["batch_slot_early_free"].patch(), pytest.raises(AssertionError, match=r"owner|free list|read"):
+    with (
+        MUTANTS["batch_slot_early_free"].patch(),
+        pytest.raises(AssertionError, match=r"owner|free list|read"),
+    ):
         run_state_machine_as_test(Ownership, settings=SETTINGS)
 
 

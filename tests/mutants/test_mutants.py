@@ -88,7 +88,11 @@ def test_fuzzer_finds_mutant_from_scratch(name: str, tmp_path: Path) -> None:
     path = write(finding, tmp_path, patch, name)
     scenario = load(path)
     assert len(scenario.actions) <= 10
-    assert check_expectations(scenario, run_scenario(scenario)) == [], "the real code passes the file"
+    assert check_expectations(scenario, run_scenario(scenario)) == [], (
+        "the real code passes the file"
+    )
     assert check(scenario)[0] == [], "the real code passes the fuzzer's checks"
     with patch():
-        assert check_expectations(scenario, run_scenario(scenario)), "'sim run' of the file fails on the bug"
+        assert check_expectations(scenario, run_scenario(scenario)), (
+            "'sim run' of the file fails on the bug"
+        )

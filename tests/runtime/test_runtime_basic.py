@@ -172,7 +172,9 @@ def test_runtime_runs_under_anyio_backends(backend: str) -> None:
     async def main() -> list[Any]:
         clock = SystemClock()
         instant = FakeScript(load_time=0, create_time=0, clone_time=0, close_time=0, run_time=0)
-        rt = Runtime(FakeProvider(clock, {"m": instant}), RuntimeConfig(busy_timeout_ms=1000), clock=clock)
+        rt = Runtime(
+            FakeProvider(clock, {"m": instant}), RuntimeConfig(busy_timeout_ms=1000), clock=clock
+        )
         rt.add_model(ModelSpec("m", "fake", slots=2))
         results: list[Any] = []
 

@@ -41,7 +41,9 @@ def free_port() -> int:
 class LiveServer:
     """One server process; :meth:`stop` sends SIGTERM and returns the exit code."""
 
-    def __init__(self, config: Path, log_dir: Path, extra: tuple[str, ...] = (), port: int | None = None) -> None:
+    def __init__(
+        self, config: Path, log_dir: Path, extra: tuple[str, ...] = (), port: int | None = None
+    ) -> None:
         self.config = config
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -56,10 +58,22 @@ class LiveServer:
         # on 4 slots took 56 s with default threads, 5 s with one).
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         env.pop("VOXPOOL_MANAGEMENT_TOKEN", None)
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--parallel-jobs", "--config", str(self.config),
-               "--port", str(self.port), *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "serve",
+            "--parallel-jobs",
+            "--config",
+            str(self.config),
+            "--port",
+            str(self.port),
+            *self.extra,
+        ]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -100,7 +114,9 @@ class LiveServer:
         rows = httpx.get(self.url + "/v1/models", timeout=10.0).json()["data"]
         return next(r for r in rows if r["id"] == model_id)
 
-    def wait_for(self, model_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0) -> dict[str, Any]:
+    def wait_for(
+        self, model_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0
+    ) -> dict[str, Any]:
         """Poll ``/v1/models`` until ``pred`` holds for the model's row (AssertionError on timeout)."""
         deadline = time.monotonic() + timeout
         row = self.model(model_id)
@@ -113,7 +129,9 @@ class LiveServer:
     def wait_idle(self, model_id: str, timeout: float = 90.0) -> dict[str, Any]:
         return self.wait_for(
             model_id,
-            lambda r: r["active_slots"] == 0 and r["queued_requests"] == 0 and r["queued_management"] == 0,
+            lambda r: (
+                r["active_slots"] == 0 and r["queued_requests"] == 0 and r["queued_management"] == 0
+            ),
             timeout,
         )
 
@@ -141,7 +159,7 @@ def sse_events(lines: Iterator[str]) -> list[Any]:
     out: list[Any] = []
     for line in lines:
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -151,7 +169,9 @@ def parse_sse(text: str) -> list[Any]:
     return sse_events(iter(text.split("\n")))
 
 
-def assert_error(resp: httpx.Response, status: int, error_type: str, contains: str = "") -> dict[str, Any]:
+def assert_error(
+    resp: httpx.Response, status: int, error_type: str, contains: str = ""
+) -> dict[str, Any]:
     """The OpenAI error shape: ``{"error": {"message", "type"}}`` with the expected status/type."""
     assert resp.status_code == status, (resp.status_code, resp.text[:500])
     assert resp.headers["content-type"].startswith("application/json")
@@ -175,6 +195,7 @@ def silence_wav(seconds: float, rate: int = 16000) -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
 
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog near the river bank today. "

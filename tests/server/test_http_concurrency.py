@@ -133,7 +133,11 @@ def test_unload_waits_for_older_requests_and_blocks_newer_ones(gated: GatedServe
     assert len(requests) == 3 and len(managers) == 1
     ta, tb, tc = (int(r.args["ticket"]) for r in requests)
     tu = int(managers[0].args["ticket"])
-    assert [r.fields["outcome"] for r in requests] == ["granted", "granted", "queued"]  # C: two slots free
+    assert [r.fields["outcome"] for r in requests] == [
+        "granted",
+        "granted",
+        "queued",
+    ]  # C: two slots free
     assert managers[0].fields["outcome"] == "queued"
     # U got its turn only when A and B had both given their slots back (granted in the
     # later release); the model was torn down under it; C got a slot only after that

@@ -53,9 +53,22 @@ def test_openapi_lists_the_paths(http: httpx.Client) -> None:
     assert r.status_code == 200
     spec = json.loads(r.content)
     assert spec["openapi"].startswith("3.")
-    for path in ("/health", "/v1/models", "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/audio/voices",
-                 "/v1/audio/vad", "/v1/tasks/run", "/v1/tasks/batch", "/v1/tasks/stream", "/v1/models/load",
-                 "/v1/models/unload", "/v1/tasks/unload_models", "/v1/tasks/unload_all_models", "/metrics"):
+    for path in (
+        "/health",
+        "/v1/models",
+        "/v1/audio/speech",
+        "/v1/audio/transcriptions",
+        "/v1/audio/voices",
+        "/v1/audio/vad",
+        "/v1/tasks/run",
+        "/v1/tasks/batch",
+        "/v1/tasks/stream",
+        "/v1/models/load",
+        "/v1/models/unload",
+        "/v1/tasks/unload_models",
+        "/v1/tasks/unload_all_models",
+        "/metrics",
+    ):
         assert path in spec["paths"], path
 
 
@@ -65,11 +78,17 @@ def test_metrics_prometheus_text(http: httpx.Client) -> None:
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain")
     text = r.text
-    for line in ('voxpool_active_slots{model="piper"} 0.0', 'voxpool_slots{model="piper"} 4.0',
-                 'voxpool_queued_requests{model="tts1"} 0.0', 'voxpool_model_loaded{model="piper"} 1.0'):
+    for line in (
+        'voxpool_active_slots{model="piper"} 0.0',
+        'voxpool_slots{model="piper"} 4.0',
+        'voxpool_queued_requests{model="tts1"} 0.0',
+        'voxpool_model_loaded{model="piper"} 1.0',
+    ):
         assert line in text, line
     assert 'voxpool_admissions_total{decision="granted",kind="request",model="piper"}' in text
-    assert 'voxpool_request_seconds_count{model="piper",route="/v1/audio/speech",status="200"}' in text
+    assert (
+        'voxpool_request_seconds_count{model="piper",route="/v1/audio/speech",status="200"}' in text
+    )
     assert "# TYPE voxpool_load_seconds histogram" in text
 
 
@@ -107,10 +126,14 @@ def test_speech_formats_agree(http: httpx.Client) -> None:
 
     sw = http.post("/v1/audio/speech", json={**HELLO, "stream_format": "audio"})
     assert sw.status_code == 200 and sw.headers["content-type"] == "audio/wav"
-    assert sw.content[:4] == b"RIFF" and sw.content[8:12] == b"WAVE" and sw.content[36:40] == b"data"
+    assert (
+        sw.content[:4] == b"RIFF" and sw.content[8:12] == b"WAVE" and sw.content[36:40] == b"data"
+    )
     assert sw.content[44:] == pcm
 
-    sp = http.post("/v1/audio/speech", json={**HELLO, "stream_format": "audio", "response_format": "pcm"})
+    sp = http.post(
+        "/v1/audio/speech", json={**HELLO, "stream_format": "audio", "response_format": "pcm"}
+    )
     assert sp.status_code == 200 and sp.content == pcm
 
 
@@ -125,7 +148,10 @@ def test_speech_seed_changes_audio_and_speed_changes_length(http: httpx.Client) 
 def test_voices(http: httpx.Client) -> None:
     r = http.get("/v1/audio/voices")
     assert r.status_code == 200 and "joe" in r.json()["voices"]
-    assert http.get("/v1/audio/voices", params={"model": "piper"}).json()["voices"] == ["joe", "en_US-joe-medium"]
+    assert http.get("/v1/audio/voices", params={"model": "piper"}).json()["voices"] == [
+        "joe",
+        "en_US-joe-medium",
+    ]
     assert http.get("/v1/audio/voices", params={"model": "whisper"}).json()["voices"] == []
     assert http.post("/v1/audio/speech", json={**HELLO, "voice": "joe"}).status_code == 200
 
@@ -165,10 +191,16 @@ def test_transcription_json_base64_srt(http: httpx.Client, hello_wav: bytes) -> 
 
 def test_transcription_text_and_vtt(http: httpx.Client, hello_wav: bytes) -> None:
     files = {"file": ("hello.wav", hello_wav, "audio/wav")}
-    text = http.post("/v1/audio/transcriptions", files=files, data={"model": "whisper", "response_format": "text"})
+    text = http.post(
+        "/v1/audio/transcriptions",
+        files=files,
+        data={"model": "whisper", "response_format": "text"},
+    )
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
     assert text.text == "Hello world.\n"
-    vtt = http.post("/v1/audio/transcriptions", files=files, data={"model": "whisper", "response_format": "vtt"})
+    vtt = http.post(
+        "/v1/audio/transcriptions", files=files, data={"model": "whisper", "response_format": "vtt"}
+    )
     assert vtt.status_code == 200 and vtt.headers["content-type"].startswith("text/vtt")
     lines = vtt.text.split("\n")
     assert lines[:2] == ["WEBVTT", ""]
@@ -206,12 +238,18 @@ def test_vad_multipart_json_and_stream(http: httpx.Client, hello_wav: bytes) -> 
     assert 0 <= seg["start"] < 0.2 and 0.6 < seg["end"] <= 0.83
     assert "probabilities" not in body
 
-    p = http.post("/v1/audio/vad", files=files, data={"model": "silero_vad", "include_probabilities": "true"}).json()
+    p = http.post(
+        "/v1/audio/vad", files=files, data={"model": "silero_vad", "include_probabilities": "true"}
+    ).json()
     probs = p["probabilities"]
-    assert len(probs) == -(-13188 // 512) and all(0.0 <= x <= 1.0 for x in probs) and max(probs) > 0.5
+    assert (
+        len(probs) == -(-13188 // 512) and all(0.0 <= x <= 1.0 for x in probs) and max(probs) > 0.5
+    )
     assert p["segments"] == body["segments"]
 
-    with http.stream("POST", "/v1/audio/vad", files=files, data={"model": "silero_vad", "stream": "true"}) as s:
+    with http.stream(
+        "POST", "/v1/audio/vad", files=files, data={"model": "silero_vad", "stream": "true"}
+    ) as s:
         assert s.status_code == 200
         events = parse_sse(s.read().decode())
     assert events[-2:] == [{"type": "vad.done"}, "[DONE]"]
@@ -223,7 +261,10 @@ def test_vad_multipart_json_and_stream(http: httpx.Client, hello_wav: bytes) -> 
 def test_vad_server_local_path_inside_roots(http: httpx.Client, main_server: LiveServer) -> None:
     from tests.server.live import DATA
 
-    r = http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "hello.wav")})
+    r = http.post(
+        "/v1/audio/vad",
+        json={"model": "silero_vad", "audio_path": str(DATA / "audio" / "hello.wav")},
+    )
     assert r.status_code == 200, r.text
     assert len(r.json()["segments"]) == 1
 
@@ -233,7 +274,9 @@ def test_vad_server_local_path_inside_roots(http: httpx.Client, main_server: Liv
 
 def test_tasks_run_tts_matches_speech(http: httpx.Client) -> None:
     speech = http.post("/v1/audio/speech", json=HELLO).content
-    r = http.post("/v1/tasks/run", json={"model": "piper", "request": {"text": "Hello.", "seed": 3}})
+    r = http.post(
+        "/v1/tasks/run", json={"model": "piper", "request": {"text": "Hello.", "seed": 3}}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["sample_rate"] == 22050 and base64.b64decode(body["audio"]) == speech
@@ -246,8 +289,14 @@ def test_tasks_batch_results_by_index(http: httpx.Client, hello_wav: bytes) -> N
         w.setsampwidth(2)
         w.setframerate(16000)
         w.writeframes(b"\0\0" * 8000)
-    reqs = [{"audio_base64": b64(hello_wav)}, {"audio_base64": b64(silence.getvalue())}, {"audio_base64": b64(hello_wav)}]
-    with http.stream("POST", "/v1/tasks/batch", json={"model": "silero_vad", "requests": reqs}) as s:
+    reqs = [
+        {"audio_base64": b64(hello_wav)},
+        {"audio_base64": b64(silence.getvalue())},
+        {"audio_base64": b64(hello_wav)},
+    ]
+    with http.stream(
+        "POST", "/v1/tasks/batch", json={"model": "silero_vad", "requests": reqs}
+    ) as s:
         assert s.status_code == 200
         events = parse_sse(s.read().decode())
     assert events[-1] == "[DONE]"
@@ -255,12 +304,16 @@ def test_tasks_batch_results_by_index(http: httpx.Client, hello_wav: bytes) -> N
     results = [e for e in events[:-2] if e["type"] == "task.batch.result"]
     assert [e["index"] for e in results] == [0, 1, 2]
     single = http.post("/v1/tasks/run", json={"model": "silero_vad", "request": reqs[0]}).json()
-    assert results[0]["result"]["segments"] == single["segments"] == results[2]["result"]["segments"]
+    assert (
+        results[0]["result"]["segments"] == single["segments"] == results[2]["result"]["segments"]
+    )
     assert results[1]["result"]["segments"] == []
 
 
 def test_tasks_stream_collects_chunks(http: httpx.Client) -> None:
-    r = http.post("/v1/tasks/stream", json={"model": "piper", "request": {"text": "Hi. Yes.", "seed": 1}})
+    r = http.post(
+        "/v1/tasks/stream", json={"model": "piper", "request": {"text": "Hi. Yes.", "seed": 1}}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     events = body["events"]

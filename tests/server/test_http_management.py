@@ -16,39 +16,88 @@ def rows(http: httpx.Client) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in http.get("/v1/models").json()["data"]}
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "test-token"},
-                                     {"Authorization": "Basic test-token"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "test-token"},
+        {"Authorization": "Basic test-token"},
+    ],
+)
 def test_management_needs_the_bearer_token(http: httpx.Client, headers: dict[str, str]) -> None:
-    for path, body in (("/v1/models/load", {"id": "x", "family": "silero_vad"}), ("/v1/models/unload", {"id": "piper"}),
-                       ("/v1/tasks/unload_models", {"model_ids": ["piper"]}), ("/v1/tasks/unload_all_models", {})):
-        assert_error(http.post(path, json=body, headers=headers), 403, "permission_error", "bearer token")
+    for path, body in (
+        ("/v1/models/load", {"id": "x", "family": "silero_vad"}),
+        ("/v1/models/unload", {"id": "piper"}),
+        ("/v1/tasks/unload_models", {"model_ids": ["piper"]}),
+        ("/v1/tasks/unload_all_models", {}),
+    ):
+        assert_error(
+            http.post(path, json=body, headers=headers), 403, "permission_error", "bearer token"
+        )
     assert "x" not in rows(http)
 
 
 @pytest.mark.parametrize("slots", [None, True, "2", 1.5, 17, 0, -1])
 def test_invalid_slots_are_400(http: httpx.Client, slots: Any) -> None:
-    r = http.post("/v1/models/load", json={"id": "vad_bad", "family": "silero_vad", "slots": slots}, headers=AUTH)
+    r = http.post(
+        "/v1/models/load",
+        json={"id": "vad_bad", "family": "silero_vad", "slots": slots},
+        headers=AUTH,
+    )
     assert_error(r, 400, "invalid_request_error", SLOTS_MESSAGE)
     assert "vad_bad" not in rows(http)
 
 
 def test_load_validation_is_400(http: httpx.Client) -> None:
-    assert_error(http.post("/v1/models/load", json={"family": "silero_vad"}, headers=AUTH), 400, "invalid_request_error", "'id'")
-    assert_error(http.post("/v1/models/load", json={"id": "n"}, headers=AUTH), 400, "invalid_request_error", "family")
+    assert_error(
+        http.post("/v1/models/load", json={"family": "silero_vad"}, headers=AUTH),
+        400,
+        "invalid_request_error",
+        "'id'",
+    )
+    assert_error(
+        http.post("/v1/models/load", json={"id": "n"}, headers=AUTH),
+        400,
+        "invalid_request_error",
+        "family",
+    )
     r = http.post("/v1/models/load", json={"id": "n", "family": "bark"}, headers=AUTH)
     assert_error(r, 400, "invalid_request_error", "family")
-    r = http.post("/v1/models/load", json={"id": "n", "family": "silero_vad", "mode": "live"}, headers=AUTH)
+    r = http.post(
+        "/v1/models/load", json={"id": "n", "family": "silero_vad", "mode": "live"}, headers=AUTH
+    )
     assert_error(r, 400, "invalid_request_error", "mode")
-    assert_error(http.post("/v1/models/unload", json={"id": "nope"}, headers=AUTH), 404, "not_found_error", "nope")
-    assert_error(http.post("/v1/tasks/unload_models", json={"model_ids": "piper"}, headers=AUTH), 400, "invalid_request_error")
+    assert_error(
+        http.post("/v1/models/unload", json={"id": "nope"}, headers=AUTH),
+        404,
+        "not_found_error",
+        "nope",
+    )
+    assert_error(
+        http.post("/v1/tasks/unload_models", json={"model_ids": "piper"}, headers=AUTH),
+        400,
+        "invalid_request_error",
+    )
 
 
-def test_register_reconfigure_unload(http: httpx.Client, main_server: LiveServer, hello_wav: bytes) -> None:
-    r = http.post("/v1/models/load", json={"id": "vad_extra", "family": "silero_vad", "slots": 1}, headers=AUTH)
+def test_register_reconfigure_unload(
+    http: httpx.Client, main_server: LiveServer, hello_wav: bytes
+) -> None:
+    r = http.post(
+        "/v1/models/load",
+        json={"id": "vad_extra", "family": "silero_vad", "slots": 1},
+        headers=AUTH,
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {"id": "vad_extra", "loaded": True, "reconfigured": False}
     row = rows(http)["vad_extra"]
-    assert row["loaded"] is True and row["slots"] == 1 and row["task"] == "vad" and row["state"] == "ready"
+    assert (
+        row["loaded"] is True
+        and row["slots"] == 1
+        and row["task"] == "vad"
+        and row["state"] == "ready"
+    )
     vad = {"model": "vad_extra", "audio_base64": b64(hello_wav)}
     first = http.post("/v1/audio/vad", json=vad)
     assert first.status_code == 200
@@ -70,7 +119,9 @@ def test_register_reconfigure_unload(http: httpx.Client, main_server: LiveServer
     assert http.post("/v1/audio/vad", json=vad).json()["segments"] == first.json()["segments"]
     assert rows(http)["vad_extra"]["slots"] == 3
 
-    r = http.post("/v1/tasks/unload_models", json={"model_ids": ["vad_extra", "ghost"]}, headers=AUTH)
+    r = http.post(
+        "/v1/tasks/unload_models", json={"model_ids": ["vad_extra", "ghost"]}, headers=AUTH
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {"unloaded": ["vad_extra"], "not_found": ["ghost"]}
     assert rows(http)["vad_extra"]["loaded"] is False
@@ -78,14 +129,24 @@ def test_register_reconfigure_unload(http: httpx.Client, main_server: LiveServer
 
 
 def test_unload_all_models(http: httpx.Client, hello_wav: bytes) -> None:
-    assert http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav)}).status_code == 200
+    assert (
+        http.post(
+            "/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav)}
+        ).status_code
+        == 200
+    )
     r = http.post("/v1/tasks/unload_all_models", json={}, headers=AUTH)
     assert r.status_code == 200, r.text
     unloaded = r.json()["unloaded"]
     assert "silero_vad" in unloaded
     assert all(not row["loaded"] for row in rows(http).values())
     # every model stays registered and loads again on demand
-    assert http.post("/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav)}).status_code == 200
+    assert (
+        http.post(
+            "/v1/audio/vad", json={"model": "silero_vad", "audio_base64": b64(hello_wav)}
+        ).status_code
+        == 200
+    )
     assert rows(http)["silero_vad"]["loaded"] is True
 
 
@@ -97,7 +158,9 @@ def test_early_refusals_reach_the_client_with_a_large_body(http: httpx.Client) -
         assert_error(http.post("/v1/not/a/route", json=body), 404, "not_found_error")
 
 
-def test_reregistering_with_only_operational_fields_keeps_the_pool(http: httpx.Client, hello_wav: bytes) -> None:
+def test_reregistering_with_only_operational_fields_keeps_the_pool(
+    http: httpx.Client, hello_wav: bytes
+) -> None:
     """Race report 3: lazy, busy_timeout_ms and memory_mb update in place; no reconfiguration."""
     spec = {"id": "vad_same", "family": "silero_vad", "slots": 2}
     r = http.post("/v1/models/load", json=spec, headers=AUTH)
@@ -110,7 +173,9 @@ def test_reregistering_with_only_operational_fields_keeps_the_pool(http: httpx.C
         assert r.json() == {"id": "vad_same", "loaded": True, "reconfigured": False}, extra
         row = rows(http)["vad_same"]
         assert row["loaded"] is True and row["state"] == "ready" and row["slots"] == 2
-    r = http.post("/v1/models/load", json={**spec, "slots": 1}, headers=AUTH)  # a real change still reconfigures
+    r = http.post(
+        "/v1/models/load", json={**spec, "slots": 1}, headers=AUTH
+    )  # a real change still reconfigures
     assert r.status_code == 200 and r.json()["reconfigured"] is True, r.text
     after = http.post("/v1/audio/vad", json={"model": "vad_same", "audio_base64": b64(hello_wav)})
     assert after.json()["segments"] == before.json()["segments"]

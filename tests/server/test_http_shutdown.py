@@ -78,9 +78,12 @@ def test_sigterm_drains_admitted_and_queued_work(server_logs: Path) -> None:
         # ... and its trace: the second was queued, and got the slot when the first gave it back
         records = server.trace()
         first, second = (int(r.args["ticket"]) for r in records if r.event == "request")
-        assert next(
-            r for r in records if r.event == "request" and r.args["ticket"] == second
-        ).fields["outcome"] == "queued"
+        assert (
+            next(r for r in records if r.event == "request" and r.args["ticket"] == second).fields[
+                "outcome"
+            ]
+            == "queued"
+        )
         assert granted_at(records, second) == released_at(records, first)
     finally:
         for c in clients:

@@ -13,7 +13,9 @@ from server.metrics import Metrics
 def test_metrics_count_admissions_expiries_loads_and_evictions_from_fields() -> None:
     records: list[TraceRecord] = []
     metrics = Metrics(lambda: [])
-    core = Core(ResidencyLimits(max_loaded_models=1), sink=lambda r: (records.append(r), metrics.observe(r)))
+    core = Core(
+        ResidencyLimits(max_loaded_models=1), sink=lambda r: (records.append(r), metrics.observe(r))
+    )
     for model in ("a", "b"):
         registered = core.register(model, 1, 0, 0.0)
         assert isinstance(registered, Registered)
@@ -43,7 +45,9 @@ def test_metrics_count_admissions_expiries_loads_and_evictions_from_fields() -> 
     assert sample("voxpool_load_seconds_sum", model="a", outcome="ok") == 0.5
     assert sample("voxpool_teardown_seconds_count", model="a") == 1
     assert abs(sample("voxpool_teardown_seconds_sum", model="a") - 0.2) < 1e-9
-    assert all(r.fields for r in records if r.event != "unload_finished"), "every decision carries fields"
+    assert all(r.fields for r in records if r.event != "unload_finished"), (
+        "every decision carries fields"
+    )
     back = [TraceRecord.from_json(r.to_json()) for r in records]
     assert [b.fields for b in back] == [json_view(r.fields) for r in records]
 

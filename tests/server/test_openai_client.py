@@ -15,17 +15,24 @@ from tests.server.live import HELLO_WAV, LiveServer
 
 @pytest.fixture()
 def client(main_server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=main_server.url + "/v1", api_key="x", max_retries=0, timeout=180.0) as c:
+    with openai.OpenAI(
+        base_url=main_server.url + "/v1", api_key="x", max_retries=0, timeout=180.0
+    ) as c:
         yield c
 
 
 def test_speech_create_wav(client: openai.OpenAI, http: httpx.Client) -> None:
-    audio = client.audio.speech.create(model="piper", voice="joe", input="Hello.", response_format="wav")
+    audio = client.audio.speech.create(
+        model="piper", voice="joe", input="Hello.", response_format="wav"
+    )
     data = audio.read()
     with wave.open(io.BytesIO(data)) as w:
         assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 22050)
         assert w.getnframes() > 22050 * 0.2
-    direct = http.post("/v1/audio/speech", json={"model": "piper", "voice": "joe", "input": "Hello.", "response_format": "wav"})
+    direct = http.post(
+        "/v1/audio/speech",
+        json={"model": "piper", "voice": "joe", "input": "Hello.", "response_format": "wav"},
+    )
     assert data == direct.content  # the default seed: the same request gives the same bytes
 
 
@@ -36,7 +43,10 @@ def test_speech_streaming_response(client: openai.OpenAI, http: httpx.Client) ->
         assert response.http_response.status_code == 200
         chunks = list(response.iter_bytes())
     pcm = b"".join(chunks)
-    direct = http.post("/v1/audio/speech", json={"model": "piper", "input": "Hello there.", "response_format": "pcm"})
+    direct = http.post(
+        "/v1/audio/speech",
+        json={"model": "piper", "input": "Hello there.", "response_format": "pcm"},
+    )
     assert pcm == direct.content and len(pcm) > 0
 
 

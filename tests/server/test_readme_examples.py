@@ -18,7 +18,9 @@ def readme_commands() -> list[str]:
     commands: list[str] = []
     for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S):
         joined = block.replace("\\\n", " ")
-        commands += [line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")]
+        commands += [
+            line.strip() for line in joined.splitlines() if line.strip().startswith("curl ")
+        ]
     return commands
 
 
@@ -29,7 +31,13 @@ def test_readme_curl_examples_run(main_server: LiveServer, tmp_path: Path) -> No
     outputs: dict[str, str] = {}
     for command in commands:
         live = command.replace(DOCUMENTED, f"127.0.0.1:{main_server.port}")
-        done = subprocess.run(["bash", "-o", "pipefail", "-c", live], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", live],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, (command, done.stdout, done.stderr)
         assert '"error"' not in done.stdout, (command, done.stdout)
         path = re.search(r"127\.0\.0\.1:\d+(/[\w/.]*)", live)
@@ -37,7 +45,11 @@ def test_readme_curl_examples_run(main_server: LiveServer, tmp_path: Path) -> No
         outputs[path.group(1) + (" stream" if '"stream": true' in live else "")] = done.stdout
 
     assert json.loads(outputs["/health"])["status"] == "ok"
-    assert {m["id"] for m in json.loads(outputs["/v1/models"])["data"]} >= {"piper", "whisper", "silero_vad"}
+    assert {m["id"] for m in json.loads(outputs["/v1/models"])["data"]} >= {
+        "piper",
+        "whisper",
+        "silero_vad",
+    }
     assert (tmp_path / "hello.wav").read_bytes()[:4] == b"RIFF"
     assert outputs["/v1/audio/transcriptions"].strip() == "Hello world."
     assert len(json.loads(outputs["/v1/audio/vad"])["segments"]) == 1

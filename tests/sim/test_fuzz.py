@@ -55,10 +55,14 @@ def test_monitors_add_no_violation_and_do_not_perturb_the_trace(path: Path) -> N
     assert watched.violations == plain.violations
 
 
-def _result(s: Scenario, outcomes: dict[str, str], reasons: dict[str, str] | None = None) -> RunResult:
+def _result(
+    s: Scenario, outcomes: dict[str, str], reasons: dict[str, str] | None = None
+) -> RunResult:
     reasons = reasons or {}
     outs = {
-        k: ActionOutcome(k, "request", outcome=v, reason=reasons.get(k, "queue_timeout" if v == "busy" else ""))
+        k: ActionOutcome(
+            k, "request", outcome=v, reason=reasons.get(k, "queue_timeout" if v == "busy" else "")
+        )
         for k, v in outcomes.items()
     }
     for a in s.actions:
@@ -73,16 +77,25 @@ def _result(s: Scenario, outcomes: dict[str, str], reasons: dict[str, str] | Non
 def test_search_space_reaches_every_kind(what: str) -> None:
     def has(s: Scenario) -> bool:
         return {
-            "original": s.config.get("runtime") == "original" and all(m.slots == 1 for m in s.models),
+            "original": s.config.get("runtime") == "original"
+            and all(m.slots == 1 for m in s.models),
             "register_new": any(a.do == "register" and a.model == NEW_ID for a in s.actions),
-            "reregister": any(a.do == "register" and a.model == "a" and "slots" in a.params for a in s.actions),
+            "reregister": any(
+                a.do == "register" and a.model == "a" and "slots" in a.params for a in s.actions
+            ),
             "fault": any(a.do == "fault" and "null_primary" in a.params["set"] for a in s.actions),
-            "shutdown": any(a.do == "shutdown" for a in s.actions) and any(a.do == "request" for a in s.actions),
+            "shutdown": any(a.do == "shutdown" for a in s.actions)
+            and any(a.do == "request" for a in s.actions),
             "status": any(a.do == "status" and a.model for a in s.actions),
             "status_all": any(a.do == "status" and not a.model for a in s.actions),
         }[what]
 
-    cfg = settings(max_examples=2000, database=None, phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    cfg = settings(
+        max_examples=2000,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     s = find(scenarios(), has, settings=cfg)
     assert check(s)[0] == []
 
@@ -102,17 +115,34 @@ def test_generic_expectations_after_shutdown_and_on_the_original_runtime() -> No
             ],
         }
     )
-    base = {"early": "ok", "stop": "ok", "late": "busy", "late_load": "busy", "unknown": "not_found", "reg": "invalid"}
-    reasons = {"late": "shutting_down", "late_load": "shutting_down", "reg": "slots_require_parallel"}
+    base = {
+        "early": "ok",
+        "stop": "ok",
+        "late": "busy",
+        "late_load": "busy",
+        "unknown": "not_found",
+        "reg": "invalid",
+    }
+    reasons = {
+        "late": "shutting_down",
+        "late_load": "shutting_down",
+        "reg": "slots_require_parallel",
+    }
     assert generic_failures(s, _result(s, base, reasons)) == []
     served = generic_failures(s, _result(s, {**base, "late": "ok", "late_load": "ok"}, reasons))
     assert [f.split(":")[0] for f in served] == ["late", "late_load"]
     timed_out = generic_failures(s, _result(s, base, {**reasons, "late": "queue_timeout"}))
     assert [f.split(":")[0] for f in timed_out] == ["late"]
-    allowed = generic_failures(s, _result(s, {**base, "reg": "busy"}, {**reasons, "reg": "shutting_down"}))
-    assert [f.split(":")[0] for f in allowed] == ["reg"], "explicit slots on the original runtime are invalid first"
+    allowed = generic_failures(
+        s, _result(s, {**base, "reg": "busy"}, {**reasons, "reg": "shutting_down"})
+    )
+    assert [f.split(":")[0] for f in allowed] == ["reg"], (
+        "explicit slots on the original runtime are invalid first"
+    )
     early_busy = generic_failures(s, _result(s, {**base, "early": "busy"}, reasons))
-    assert [f.split(":")[0] for f in early_busy] == ["early"], "before shutdown an unbounded request is served"
+    assert [f.split(":")[0] for f in early_busy] == ["early"], (
+        "before shutdown an unbounded request is served"
+    )
     written = expectations(s, None)
     assert written.expect == ()  # the real code passes: nothing to pin
 
@@ -132,7 +162,10 @@ def test_a_late_request_is_refused_after_shutdown_on_the_real_code() -> None:
     failures, result = check(s)
     assert failures == [], failures
     assert result is not None
-    assert (result.outcomes["reg"].outcome, result.outcomes["reg"].reason) == ("busy", "shutting_down")
+    assert (result.outcomes["reg"].outcome, result.outcomes["reg"].reason) == (
+        "busy",
+        "shutting_down",
+    )
     assert result.outcomes["r1"].outcome == "ok", "work admitted before shutdown drains"
 
 
@@ -151,10 +184,15 @@ def test_generic_expectations() -> None:
     assert any(f.startswith("r1: busy") for f in failures), "unbounded wait refused busy"
     assert not any(f.startswith("r2") for f in failures), "a bounded request may time out"
     assert any(f.startswith("r3: never resolved") for f in failures)
-    managed = parse({**{"models": [{"id": "m"}]}, "actions": [
-        {"at": 0, "do": "request", "id": "r1", "model": "m"},
-        {"at": 0, "do": "unload", "id": "u", "model": "m"},
-    ]})
+    managed = parse(
+        {
+            **{"models": [{"id": "m"}]},
+            "actions": [
+                {"at": 0, "do": "request", "id": "r1", "model": "m"},
+                {"at": 0, "do": "unload", "id": "u", "model": "m"},
+            ],
+        }
+    )
     assert generic_failures(managed, _result(managed, {"r1": "busy", "u": "ok"})) == []
 
 
@@ -174,8 +212,23 @@ def test_livelock_guard() -> None:
         spin.observe(record)
 
 
-def test_cli_fuzz_finds_a_mutant_and_writes_a_runnable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli_main(["sim", "fuzz", "--budget", "20", "--seed", "0", "--mutant", "session_zero", "--out", str(tmp_path)])
+def test_cli_fuzz_finds_a_mutant_and_writes_a_runnable_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli_main(
+        [
+            "sim",
+            "fuzz",
+            "--budget",
+            "20",
+            "--seed",
+            "0",
+            "--mutant",
+            "session_zero",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1, out
     files = list(tmp_path.glob("fuzz_session_zero_*.toml"))
@@ -187,4 +240,9 @@ def test_cli_fuzz_finds_a_mutant_and_writes_a_runnable_file(tmp_path: Path, caps
 
 
 def test_cli_fuzz_rejects_an_unknown_mutant(tmp_path: Path) -> None:
-    assert cli_main(["sim", "fuzz", "--budget", "1", "--mutant", "no_such_bug", "--out", str(tmp_path)]) == 2
+    assert (
+        cli_main(
+            ["sim", "fuzz", "--budget", "1", "--mutant", "no_such_bug", "--out", str(tmp_path)]
+        )
+        == 2
+    )

@@ -49,10 +49,14 @@ def test_the_file_holds_what_the_run_recorded(tmp_path: Path) -> None:
     assert read_trace(tmp_path / "trace.jsonl") == trace
 
 
-def test_an_edited_decision_is_the_first_divergence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_edited_decision_is_the_first_divergence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = record(OVERDUE, tmp_path / "trace.jsonl")
     lines = (tmp_path / "trace.jsonl").read_text().splitlines()
-    index = next(i for i, r in enumerate(trace) if r.event == "request" and r.decision.startswith("granted"))
+    index = next(
+        i for i, r in enumerate(trace) if r.event == "request" and r.decision.startswith("granted")
+    )
     raw = json.loads(lines[index])
     granted = raw["decision"]
     raw["decision"] = "queued pos=0"
@@ -139,7 +143,11 @@ def test_an_arrival_at_a_queued_deadline_ends_and_replays(seed: int, tmp_path: P
     sink = _Capped()
     result = run_scenario(parse(tomllib.loads(AT_DEADLINE)), seed, trace_out=sink)
     outcomes = {k: (o.outcome, o.reason) for k, o in result.outcomes.items()}
-    assert outcomes == {"long": ("ok", ""), "bounded": ("busy", "queue_timeout"), "at_deadline": ("ok", "")}
+    assert outcomes == {
+        "long": ("ok", ""),
+        "bounded": ("busy", "queue_timeout"),
+        "at_deadline": ("ok", ""),
+    }
     assert result.ok, result.violations
     path = tmp_path / "trace.jsonl"
     path.write_text(sink.getvalue())

@@ -34,13 +34,17 @@ def test_scenario_holds_for_every_seed(path: Path) -> None:
 
 
 def _args(file: Path, **kw: object) -> argparse.Namespace:
-    return argparse.Namespace(file=str(file), seed=kw.get("seed"), trace=kw.get("trace"), plot=kw.get("plot"))
+    return argparse.Namespace(
+        file=str(file), seed=kw.get("seed"), trace=kw.get("trace"), plot=kw.get("plot")
+    )
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "scenarios" / "overdue_unload_waiting_1slot.toml"
 
 
-def test_sim_run_prints_the_table_and_writes_the_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sim_run_prints_the_table_and_writes_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "trace.jsonl"
     assert cmd_run.main(_args(EXAMPLE, trace=str(trace))) == 0
     out = capsys.readouterr().out
@@ -50,9 +54,13 @@ def test_sim_run_prints_the_table_and_writes_the_trace(tmp_path: Path, capsys: p
     assert trace.read_text() == run_scenario(load(EXAMPLE)).trace_text()
 
 
-def test_sim_run_fails_on_an_unmet_expectation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sim_run_fails_on_an_unmet_expectation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     broken = tmp_path / "broken.toml"
-    broken.write_text(EXAMPLE.read_text().replace('reason = "slots_overdue"', 'reason = "queue_timeout"'))
+    broken.write_text(
+        EXAMPLE.read_text().replace('reason = "slots_overdue"', 'reason = "queue_timeout"')
+    )
     assert cmd_run.main(_args(broken, seed=3)) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "late: reason 'slots_overdue', expected 'queue_timeout'" in out

@@ -171,10 +171,15 @@ def test_the_scenario_does_what_the_picture_should_show(twenty: tuple[Scenario, 
     assert outcomes["r4"] == "busy"
     assert outcomes["r7"] == "error"
     assert outcomes["rb3"] == "cancelled"
-    assert {outcomes[k] for k in ("r1", "r2", "r3", "s1", "c1", "r5", "r6", "bt1", "ub", "rb4", "bulk1", "r8", "r9")} == {"ok"}
+    assert {
+        outcomes[k]
+        for k in ("r1", "r2", "r3", "s1", "c1", "r5", "r6", "bt1", "ub", "rb4", "bulk1", "r8", "r9")
+    } == {"ok"}
 
 
-def test_one_request_bar_per_request_action(twenty: tuple[Scenario, RunResult], timeline: Timeline) -> None:
+def test_one_request_bar_per_request_action(
+    twenty: tuple[Scenario, RunResult], timeline: Timeline
+) -> None:
     scenario, result = twenty
     wanted = {a.id for a in scenario.actions if a.do in REQUESTS}
     bars = [b for b in timeline.bars if b.kind == "request"]
@@ -253,7 +258,9 @@ def _svg_bar_ids(path: Path) -> list[str]:
     return [el.get("id", "") for el in root.iter() if el.get("id", "").startswith("bar-")]
 
 
-def test_svg_is_valid_and_holds_every_bar(twenty: tuple[Scenario, RunResult], timeline: Timeline, tmp_path: Path) -> None:
+def test_svg_is_valid_and_holds_every_bar(
+    twenty: tuple[Scenario, RunResult], timeline: Timeline, tmp_path: Path
+) -> None:
     path = tmp_path / "twenty.svg"
     draw(twenty[1], str(path))
     root = ET.parse(path).getroot()
@@ -275,8 +282,12 @@ def test_png_has_the_png_signature(twenty: tuple[Scenario, RunResult], tmp_path:
         draw(twenty[1], str(tmp_path / "twenty.pdf"))
 
 
-def test_sim_run_plot_writes_the_picture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "overdue_unload_waiting_1slot.toml"
+def test_sim_run_plot_writes_the_picture(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = (
+        Path(__file__).resolve().parents[2] / "scenarios" / "overdue_unload_waiting_1slot.toml"
+    )
     out = tmp_path / "t.svg"
     assert cli_main(["sim", "run", str(scenario), "--plot", str(out)]) == 0
     assert "timeline drawn" in capsys.readouterr().out
