@@ -299,7 +299,8 @@ class Admission:
         return decision
 
     def try_acquire(self, ticket: int, now: float) -> Granted | Rejected:
-        """Exclusive lease without waiting, only on an idle, queue-free model (eviction, retirement)."""
+        """Exclusive lease without waiting, only on an idle, queue-free model (eviction,
+        retirement)."""
         self._check_new_ticket(ticket)
         if self.is_idle():
             return Granted(self._grant_exclusive(ticket, now), fast=True)
@@ -344,7 +345,8 @@ class Admission:
         return Cancelled(ticket, "unknown", Wakeups())
 
     def expire(self, now: float) -> Wakeups:
-        """Remove every queued waiter whose deadline has come (``now >= deadline``), then dispatch."""
+        """Remove every queued waiter whose deadline has come (``now >= deadline``), then
+        dispatch."""
         expired: list[Expired] = []
         for waiter in tuple(self._queue):
             if waiter.deadline is not None and now >= waiter.deadline:
@@ -388,7 +390,8 @@ class Admission:
         return RetryAfter.of(min(free_at), basis)
 
     def idle_after(self, now: float) -> RetryAfter:
-        """When every slot would be free with the queue served (the same estimate as :meth:`retry_after`)."""
+        """When every slot would be free with the queue served (the same estimate as
+        :meth:`retry_after`)."""
         plan = self._slot_plan(now)
         if plan is None:
             return RetryAfter.of(self.default_retry_after, RetryBasis.DEFAULT)
@@ -396,7 +399,8 @@ class Admission:
         return RetryAfter.of(max(free_at), basis)
 
     def _slot_plan(self, now: float) -> tuple[list[float], RetryBasis] | None:
-        """Expected seconds until each slot frees once the queued requests have had theirs (None: no basis)."""
+        """Expected seconds until each slot frees once the queued requests have had theirs (None: no
+        basis)."""
         running = [now - since for since in self._since[: self.count] if since is not None]
         if self._hold_ewma is not None:
             mean, basis = self._hold_ewma, RetryBasis.OBSERVED

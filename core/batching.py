@@ -94,7 +94,8 @@ class Idle:
 
 @attrs.frozen
 class WaitUntil:
-    """Collection window: nothing runs and the pending list is not full; poll again at ``deadline``."""
+    """Collection window: nothing runs and the pending list is not full; poll again at
+    ``deadline``."""
 
     deadline: float
     reason: Reason = Reason.COLLECTION_WINDOW
@@ -296,7 +297,8 @@ class BatchScheduler(Generic[C]):
         return released
 
     def abort(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
-        """Cancel a request: pending -> finished at once; active -> stopped, finished with no tail."""
+        """Cancel a request: pending -> finished at once; active -> stopped, finished with no
+        tail."""
         slot = self._slot(handle)
         if slot is None:
             return StaleHandle(handle)
@@ -313,7 +315,8 @@ class BatchScheduler(Generic[C]):
     # ------------------------------------------------------------ driver side
 
     def poll(self, now: float) -> Idle | WaitUntil | StepPlan:
-        """Decide the next step boundary. A StepPlan is a command: carry it out before polling again.
+        """Decide the next step boundary. A StepPlan is a command: carry it out before polling
+        again.
 
         Order: stopped members are finished (each exactly once); pending members
         join if the policy allows (continuous: always; round rule: only when no
@@ -362,7 +365,8 @@ class BatchScheduler(Generic[C]):
         return Ack(handle, slot.state, Reason.GRANTED)
 
     def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
-        """The member hit its stop condition: it leaves the batch; its tail comes in the next plan."""
+        """The member hit its stop condition: it leaves the batch; its tail comes in the next
+        plan."""
         slot = self._slot(handle)
         if slot is None:
             return StaleHandle(handle)

@@ -117,7 +117,8 @@ class BulkUnload:
         self.done.append(model)
 
     def order_violation(self) -> str | None:
-        """Invariant 9: every model ready at publication starts unloading before any waited-for one."""
+        """Invariant 9: every model ready at publication starts unloading before any waited-for
+        one."""
         first_waited = next(
             (i for i, m in enumerate(self.started) if m not in self.ready_at_publication), None
         )

@@ -85,9 +85,9 @@ class GuardAdmission(Admission):
         if overrun(since, now, timeout):
             assert since is not None
             message = (
-                f"model '{self.model}' is busy: current inference has run {round((now - since) * 1000)} ms "
-                f"(busy_timeout_ms={round(timeout * 1000)}); the previous request has likely wedged "
-                "and cannot be cancelled"
+                f"model '{self.model}' is busy: current inference has run "
+                f"{round((now - since) * 1000)} ms (busy_timeout_ms={round(timeout * 1000)}); "
+                "the previous request has likely wedged and cannot be cancelled"
             )
             return Rejected(ticket, Reason.SLOTS_OVERDUE, message, self.retry_after(now))
         return self._enqueue(ticket, kind, now, timeout)
@@ -129,6 +129,7 @@ class GuardAdmission(Admission):
             waiter.ticket,
             waiter.kind,
             Reason.QUEUE_TIMEOUT,
-            f"model '{self.model}' is busy: timed out after {timeout_ms} ms waiting for the inference lock",
+            f"model '{self.model}' is busy: timed out after {timeout_ms} ms waiting for the "
+            "inference lock",
             self.retry_after(at),
         )

@@ -63,7 +63,8 @@ def check_admission(adm: Admission, now: float) -> list[Violation]:
                 Violation(
                     4,
                     m,
-                    f"ticket {lease.ticket} holds generation {lease.generation}, current {adm.generation}",
+                    f"ticket {lease.ticket} holds generation {lease.generation}, current "
+                    f"{adm.generation}",
                 )
             )
     waiters = list(adm.waiters())
@@ -126,7 +127,8 @@ def check_registry(registry: Registry, now: float) -> list[Violation]:
             Violation(
                 5,
                 "*",
-                f"{len(resident)} resident models exceed max_loaded_models={limits.max_loaded_models}",
+                f"{len(resident)} resident models exceed "
+                f"max_loaded_models={limits.max_loaded_models}",
             )
         )
     if limits.memory_budget > 0 and sum(e.memory_bytes for e in resident) > limits.memory_budget:

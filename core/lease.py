@@ -54,7 +54,8 @@ class LeaseLedger:
         self.active[lease.ticket] = lease
 
     def release(self, ticket: int) -> Lease | None:
-        """Forget the lease of ``ticket`` and return it; None (and a recorded error) if it had none."""
+        """Forget the lease of ``ticket`` and return it; None (and a recorded error) if it had
+        none."""
         lease = self.active.pop(ticket, None)
         if lease is None:
             self.double_releases.append(ticket)

@@ -77,7 +77,8 @@ class Nothing:
 
 @attrs.frozen
 class LoadOutcome:
-    """The end of one load: who may proceed, and who (if anyone) must retry as the new initializer."""
+    """The end of one load: who may proceed, and who (if anyone) must retry as the new
+    initializer."""
 
     published: bool
     proceed: tuple[int, ...] = ()
@@ -134,7 +135,8 @@ class Lifecycle:
 
     # ---------------------------------------------------------------- loading
     def ensure_loaded(self, ticket: int) -> Proceed | StartLoad | WaitLoad:
-        """A lease holder needs the pool: run on it, load it (first holder), or wait for the load."""
+        """A lease holder needs the pool: run on it, load it (first holder), or wait for the
+        load."""
         if self.state is ModelState.READY:
             return Proceed(self.generation)
         if self.state is ModelState.UNLOADED:
@@ -223,7 +225,8 @@ class Lifecycle:
         self._before_reconfigure = None
 
     def commit_reconfigure(self, generation: int) -> Teardown | Nothing:
-        """Commit ``generation`` (the admission's new one): the old pool, if any, is torn down first."""
+        """Commit ``generation`` (the admission's new one): the old pool, if any, is torn down
+        first."""
         if self._before_reconfigure is None:
             raise LifecycleError(f"'{self.model}' is not reconfiguring")
         if generation <= self.generation:

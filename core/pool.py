@@ -90,7 +90,8 @@ class SessionFactory(Protocol):
     def mode(self) -> str: ...
 
     def capacity(self) -> int:
-        """Advertised parallel sessions (primary included) for this backend/task/mode; 1 = no clones."""
+        """Advertised parallel sessions (primary included) for this backend/task/mode; 1 = no
+        clones."""
         ...
 
     def create(self) -> Session:

@@ -27,7 +27,8 @@ Sink = Callable[[TraceRecord], None]
 
 
 def wakeup_fields(w: Wakeups) -> dict[str, Any]:
-    """Grants as ``[ticket, slot]`` (slot None: a manager) and expiries as tickets, in dispatch order."""
+    """Grants as ``[ticket, slot]`` (slot None: a manager) and expiries as tickets, in dispatch
+    order."""
     return {
         "granted": [[lease.ticket, lease.slot] for lease in w.granted],
         "expired": [e.ticket for e in w.expired],

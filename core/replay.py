@@ -38,7 +38,8 @@ class Divergence:
         r = self.record
         return (
             f"seq {r.seq} t={r.t} {r.model or '-'} {r.event} {dict(r.args)}: recorded "
-            f"'{r.decision}' ({r.reason or '-'}), replayed '{self.replayed_decision}' ({self.replayed_reason or '-'})"
+            f"'{r.decision}' ({r.reason or '-'}), replayed '{self.replayed_decision}' "
+            f"({self.replayed_reason or '-'})"
         )
 
 

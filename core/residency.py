@@ -103,7 +103,8 @@ def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecisio
             return RoomDecision(
                 refused=(
                     Reason.MEMORY_BUDGET,
-                    f"cannot load model '{incoming.id}': memory budget of {limits.memory_budget} bytes "
+                    f"cannot load model '{incoming.id}': "
+                    f"memory budget of {limits.memory_budget} bytes "
                     "is used by busy models; retry later",
                 )
             )

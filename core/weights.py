@@ -162,7 +162,8 @@ class WeightCache(Generic[H]):
     # ----------------------------------------------------------------- events
 
     def acquire(self, key: WeightKey, user: Hashable) -> AcquireDecision[H]:
-        """Hit if loaded, Wait if loading, StartLoad if unknown; Refused if ``user`` is already in."""
+        """Hit if loaded, Wait if loading, StartLoad if unknown; Refused if ``user`` is already
+        in."""
         entry = self._entries.get(key)
         if entry is None:
             self._entries[key] = _Entry(EntryState.LOADING, loader=user)
@@ -191,7 +192,8 @@ class WeightCache(Generic[H]):
         return Loaded(key, handle, granted)
 
     def load_failed(self, key: WeightKey, error: BaseException | str) -> LoadFailed | Refused:
-        """Fail the loader and every waiter together and forget ``key`` (the next acquire retries)."""
+        """Fail the loader and every waiter together and forget ``key`` (the next acquire
+        retries)."""
         entry = self._entries.get(key)
         if entry is None or entry.state is not EntryState.LOADING:
             return Refused(key, None, Reason.INVALID_STATE, f"no load of {key} is in flight")

@@ -121,7 +121,8 @@ class SimClock:
         on_step: Callable[[], None] | None = None,
         on_stall: Callable[[], bool] | None = None,
     ) -> None:
-        """Wake sleepers (as :attr:`scheduling` says) until none is left (or virtual time passes ``limit``).
+        """Wake sleepers (as :attr:`scheduling` says) until none is left (or virtual time passes
+        ``limit``).
 
         ``on_step`` runs each time the system is quiescent (every task blocked),
         before the next wake-up: the place to check invariants. ``on_stall``

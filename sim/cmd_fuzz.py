@@ -1,4 +1,5 @@
-"""``voxpool sim fuzz``: search random workloads for invariant violations, shrink, write the failure.
+"""``voxpool sim fuzz``: search random workloads for invariant violations, shrink, write the
+failure.
 
 Exit status: 0 when nothing was found within the budget, 1 when a failure was
 found (its shrunk scenario file is written under ``--out``), 2 on bad usage.
@@ -29,7 +30,8 @@ def main(args: argparse.Namespace) -> int:
     budget = float(getattr(args, "budget", 60.0))
     seed = int(getattr(args, "seed", 0))
     print(
-        f"fuzzing {'mutant ' + name if name else 'the real code'} for up to {budget:g} s (seed {seed})"
+        f"fuzzing {'mutant ' + name if name else 'the real code'} for up to {budget:g} s (seed "
+        f"{seed})"
     )
     finding = search(budget, seed, patch)
     for line in summary(finding):

@@ -52,7 +52,8 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
     for line in action_table(scenario, result):
         print(line, file=out)
     print(
-        f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} tie-breaks, {result.scheduling.value} scheduling",
+        f"virtual time {result.end_time:.3f}s, {len(result.trace)} trace records, {result.ties} "
+        f"tie-breaks, {result.scheduling.value} scheduling",
         file=out,
     )
     for warning in result.warnings:
@@ -63,7 +64,8 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
             print(f"  - {f}", file=out)
     else:
         print(
-            f"OK: {len(scenario.expect)} expectation(s), {len(scenario.order)} order rule(s), invariants hold",
+            f"OK: {len(scenario.expect)} expectation(s), {len(scenario.order)} order rule(s), "
+            "invariants hold",
             file=out,
         )
 

@@ -43,7 +43,8 @@ def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
     o = outs[e.id]
     if e.outcome is not None and o.outcome not in e.outcome:
         failures.append(
-            f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected {' or '.join(e.outcome)}"
+            f"{e.id}: outcome {o.outcome} ({o.reason}: {o.message}), expected "
+            f"{' or '.join(e.outcome)}"
         )
     if e.reason is not None and o.outcome != "ok" and o.reason not in e.reason:
         failures.append(f"{e.id}: reason {o.reason!r}, expected {' or '.join(map(repr, e.reason))}")
@@ -72,7 +73,8 @@ def _check_expect(e: Expect, outs: dict[str, ActionOutcome]) -> list[str]:
         mine, theirs = _sessions(o.result), _sessions(outs[other].result)
         if not mine or mine != theirs:
             failures.append(
-                f"{e.id} ran on session(s) {sorted(mine)}, {other} on {sorted(theirs)}: expected the same"
+                f"{e.id} ran on session(s) {sorted(mine)}, {other} on {sorted(theirs)}: expected "
+                "the same"
             )
     return failures
 

@@ -68,7 +68,8 @@ def expectations(s: Scenario, mutant: Mutant | None, failures: Sequence[str] = (
 
 
 def _expected(a: Action, failure: str) -> Expect:
-    """What the real code should have answered to ``a``, given how :func:`generic_failures` flagged it."""
+    """What the real code should have answered to ``a``, given how :func:`generic_failures` flagged
+    it."""
     if "after shutdown" in failure:
         return Expect(a.id, outcome="busy", reason="shutting_down")
     if "original runtime" in failure:
@@ -104,7 +105,8 @@ def _distinguish(s: Scenario, real: RunResult, mutant: Mutant) -> Scenario:
 
 
 def _with_probes(s: Scenario, failures: Sequence[str], mutant: Mutant) -> Scenario | None:
-    """``s`` plus a status probe of each implicated model just after the first violation, if that tells.
+    """``s`` plus a status probe of each implicated model just after the first violation, if that
+    tells.
 
     Adding client tasks can change how the seeded scheduler orders simultaneous
     events, so the probed scenario is tried under a few seeds and kept only if

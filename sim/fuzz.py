@@ -60,7 +60,8 @@ def search(
     shrink_budget: float | None = None,
     batch: int = 200,
 ) -> Finding:
-    """Generate until a failure or ``budget`` seconds pass, then shrink it (``shrink_budget`` seconds at most).
+    """Generate until a failure or ``budget`` seconds pass, then shrink it (``shrink_budget``
+    seconds at most).
 
     Verdicts are cached per scenario, so Hypothesis sees one answer per example
     even when the shrink budget runs out (then the smallest failure so far wins).
@@ -122,7 +123,8 @@ def summary(finding: Finding) -> Sequence[str]:
         return [f"no failure in {finding.examples} examples ({finding.seconds:.1f} s)"]
     assert finding.scenario is not None
     return [
-        f"failure found after {finding.examples_to_find} examples in {finding.seconds_to_find:.1f} s, "
-        f"shrunk to {len(finding.scenario.actions)} actions ({finding.examples} runs, {finding.seconds:.1f} s in all)",
+        f"failure found after {finding.examples_to_find} examples in "
+        f"{finding.seconds_to_find:.1f} s, shrunk to {len(finding.scenario.actions)} actions "
+        f"({finding.examples} runs, {finding.seconds:.1f} s in all)",
         *(f"  {f}" for f in finding.failures),
     ]

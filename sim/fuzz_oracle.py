@@ -51,7 +51,8 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
         if original and a.do in ("register", "reconfigure") and "slots" in a.params:
             if got != ("invalid", "slots_require_parallel"):
                 out.append(
-                    f"{a.id}: explicit slots on the original runtime not refused ({o.outcome} {o.reason})"
+                    f"{a.id}: explicit slots on the original runtime not refused ({o.outcome} "
+                    f"{o.reason})"
                 )
         elif (
             o.started > shutdown

@@ -32,7 +32,8 @@ SPEC_RESIDENT = frozenset({ModelState.LOADING, ModelState.READY, ModelState.RECO
 
 
 MAX_DECISIONS = 5_000
-"""More core decisions than this in one small scenario is a livelock (invariant 10); fuzzed ones make < 100."""
+"""More core decisions than this in one small scenario is a livelock (invariant 10); fuzzed ones
+make < 100."""
 
 MAX_REPEATS = 200
 """The same decision at the same virtual instant this many times in a row is a livelock too."""
@@ -99,7 +100,8 @@ class Monitor:
                 and all(r.t - s > timeout for s in since)
             ):
                 self.flag(
-                    f"invariant 8 ({r.model}): ticket {r.args['ticket']} queued although every occupied "
+                    f"invariant 8 ({r.model}): ticket {r.args['ticket']} queued although "
+                    "every occupied "
                     f"slot overran its {timeout}s timeout (must be rejected at once)"
                 )
         waiting = (
@@ -229,7 +231,8 @@ class Monitor:
         sid = id(session)
         if sid in self.sessions_busy:
             self.flag(
-                f"invariant 2: session {getattr(session, 'sid', '?')} used by two leases at once ({what})"
+                f"invariant 2: session {getattr(session, 'sid', '?')} used by two leases at once "
+                f"({what})"
             )
         self.sessions_busy.add(sid)
 

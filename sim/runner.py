@@ -124,7 +124,8 @@ class _Run:
             self.violations.append(f"t={self.clock.now():.6f} {text}")
 
     def on_step(self) -> None:
-        """Every quiescent step: the registry's invariants, the runtime's and the provider's books."""
+        """Every quiescent step: the registry's invariants, the runtime's and the provider's
+        books."""
         for violation in check_registry(self.rt.core.registry, self.clock.now()):
             self.note(str(violation))
         for text in self.rt.violations:
@@ -139,7 +140,8 @@ class _Run:
         self.stalls += 1
         if self.stalls == 1:
             self.note(
-                f"invariant 10: stalled with pending actions {self.player.pending()} and no timer left"
+                f"invariant 10: stalled with pending actions {self.player.pending()} and no timer "
+                "left"
             )
             self.scenario_scope.cancel()
             return True
@@ -179,7 +181,8 @@ class _Run:
                 await self.rt.load_model(m.id)
         now = self.clock.now()
         self.warnings.extend(
-            f"action {a.id} at {a.at} is scheduled before the start-up loads finish ({now:.6f}): it starts then"
+            f"action {a.id} at {a.at} is scheduled before the start-up loads finish "
+            f"({now:.6f}): it starts then"
             for a in self.scenario.actions
             if a.at < now
         )

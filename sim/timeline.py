@@ -227,7 +227,8 @@ class _Reader:
             self._armed = None
             return
         if ev in ("new_ticket", "stop_admitting"):
-            return  # the call that uses the ticket (a shutdown's bulk_publish) follows in the same step
+            # the call that uses the ticket (a shutdown's bulk_publish) follows in the same step
+            return
         if ev == "register" and rec.fields.get("outcome") != "registered":
             self.model(rec.model)
             return  # an existing id: the reconfigure's own new_ticket follows
