@@ -45,7 +45,10 @@ class ArrayBackend(Protocol):
         ...
 
     def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
-        """Copy ``src`` into ``dst`` in place at ``start`` along ``axis`` (preallocated KV caches)."""
+        """Copy ``src`` into ``dst`` in place at ``start`` along ``axis``.
+
+        Used for preallocated KV caches.
+        """
         ...
 
     # ---- elementwise ----------------------------------------------------

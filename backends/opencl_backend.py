@@ -819,7 +819,10 @@ class OpenCLBackend:
     def _lstm_steps(
         self, gx: Array, hs: Array, h0: Array, c: Array, w_hh: Array, steps: int, batch: int
     ) -> None:
-        """Run the recurrence: gx [T, B, 4H] input gates, hs [T, B, H] output, c updated in place."""
+        """Run the recurrence: gx [T, B, 4H] input gates, hs [T, B, H] output.
+
+        ``c`` is updated in place.
+        """
         hid = c.shape[-1]
         for t in range(steps):
             h_in, h_in_off = (h0, 0) if t == 0 else (hs, (t - 1) * batch * hid)

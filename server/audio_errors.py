@@ -20,7 +20,8 @@ class AudioLimitError(AudioError):
         """``at_least``: decoding stopped at ``seconds``, so the audio is at least that long."""
         length = f"more than {max_seconds:g} s" if at_least else f"{seconds:.1f} s"
         super().__init__(
-            f"the audio is {length} long; at most {max_seconds:g} s of audio per request (max_audio_seconds)"
+            f"the audio is {length} long; "
+            f"at most {max_seconds:g} s of audio per request (max_audio_seconds)"
         )
         self.seconds = seconds
         self.max_seconds = max_seconds

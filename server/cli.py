@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         choices=["debug", "info", "warning", "error"],
         default="info",
-        help="voxpool's log on stderr: info has one access line per request (status polls at debug)",
+        help=(
+            "voxpool's log on stderr: info has one access line per request (status polls at debug)"
+        ),
     )
 
     run = sub.add_parser("run", help="run one model once (tts, asr, vad)")

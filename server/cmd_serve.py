@@ -103,7 +103,10 @@ def limit_blas_threads(threads: int) -> None:
 
 
 async def serve(config: ServerConfig, trace: IO[str] | None) -> int:
-    """Serve until SIGINT/SIGTERM, drain within ``shutdown_timeout_s``, tear down (see :mod:`server.http.run`)."""
+    """Serve until SIGINT/SIGTERM, drain within ``shutdown_timeout_s``, tear down.
+
+    See :mod:`server.http.run`.
+    """
     from server.http.run import serve as run_server
 
     return await run_server(config, trace)

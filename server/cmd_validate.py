@@ -132,7 +132,10 @@ GROUPS = (
             "tests/runtime",
         ),
         limitations=(
-            "ASan/TSan: not supported for this pure-Python runtime; numpy/BLAS C code is not sanitized",
+            (
+                "ASan/TSan: not supported for this pure-Python runtime; "
+                "numpy/BLAS C code is not sanitized"
+            ),
             "local run only; remote CI results are separate",
         ),
     ),
@@ -192,7 +195,8 @@ def framework_checks(run: bool) -> list[dict[str, Any]]:
 
 def summary(record: dict[str, Any]) -> str:
     lines = [
-        f"voxpool validate: {record['manifest']['family']} at {record['manifest']['options']['slots']} slots "
+        f"voxpool validate: {record['manifest']['family']} "
+        f"at {record['manifest']['options']['slots']} slots "
         f"({record['procedure']}; {record['elapsed_s']} s)"
     ]
     for row in record["model_checks"] + record["framework_checks"]:
@@ -207,7 +211,8 @@ def summary(record: dict[str, Any]) -> str:
     if perf.get("status") == "completed":
         lines.append(
             f"  performance: {perf['n_requests_time_saved_pct']}% time saved for "
-            f"{len(perf['workload'])} requests on {record['manifest']['options']['slots']} slots vs serial"
+            f"{len(perf['workload'])} requests "
+            f"on {record['manifest']['options']['slots']} slots vs serial"
         )
     verdict = (
         "admission ready" if record["admission_ready"] else "evidence collected; validation pending"

@@ -66,7 +66,10 @@ def _mpeg_kind(head: bytes) -> str | None:
 
 
 def sniff(data: bytes) -> str | None:
-    """The demuxer for ``data`` from its first bytes, or None when it is none of :data:`DEMUXERS`."""
+    """The demuxer for ``data`` from its first bytes.
+
+    None when it is none of :data:`DEMUXERS`.
+    """
     if data[:4] == b"fLaC":
         return "flac"
     if data[:4] == b"OggS":
@@ -252,7 +255,10 @@ class _Sink:
 
 
 class _AvEncoder:
-    """A muxer and encoder over a file object: feed 16-bit samples, collect the container's bytes."""
+    """A muxer and encoder over a file object.
+
+    Feed it 16-bit samples, collect the container's bytes.
+    """
 
     def __init__(self, spec: SpeechFormat, rate: int, target: Any, stream: bool) -> None:
         assert spec.muxer is not None and spec.codec is not None
@@ -289,7 +295,10 @@ class _AvEncoder:
 
 
 def _supported_rate(codec: str, rate: int) -> int:
-    """``rate`` if the encoder takes it, else the nearest rate above it it takes (or its highest)."""
+    """``rate`` if the encoder takes it.
+
+    Else the nearest rate above it that it takes (or its highest).
+    """
     rates = av.codec.Codec(codec, "w").audio_rates
     if not rates or rate in rates:
         return rate

@@ -265,7 +265,8 @@ def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, 
     for key, value in options.items():
         if key not in known:
             raise ConfigError(
-                f"{where}unknown load_options key {key[:40]!r} for family {family} (known: {', '.join(known) or 'none'})"
+                f"{where}unknown load_options key {key[:40]!r} for family {family} "
+                f"(known: {', '.join(known) or 'none'})"
             )
         allowed = known[key]
         if allowed is None and (not isinstance(value, str) or not value or "\0" in value):
@@ -361,7 +362,8 @@ def parse_model(
         and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS
     ):
         raise ConfigError(
-            f"{where}default_request_options.response_format must be one of {', '.join(SPEECH_RESPONSE_FORMATS)}"
+            f"{where}default_request_options.response_format must be one of "
+            f"{', '.join(SPEECH_RESPONSE_FORMATS)}"
         )
     return ModelConfig(
         id=model_id,

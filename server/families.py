@@ -69,7 +69,8 @@ def require(spec_id: str, mode: str, what: str, allowed_modes: tuple[str, ...]) 
     """400 unless a model in ``mode`` can serve ``what``."""
     if mode not in allowed_modes:
         raise bad(
-            f"model '{spec_id}' is in {mode} mode and cannot serve {what}; register it with mode={allowed_modes[0]}"
+            f"model '{spec_id}' is in {mode} mode and cannot serve {what}; "
+            f"register it with mode={allowed_modes[0]}"
         )
 
 
@@ -128,7 +129,8 @@ class TtsAdapter:
             raise bad("'input' must not contain NUL characters")
         if len(text) > config.max_input_chars:
             raise bad(
-                f"'input' is too long (at most {config.max_input_chars} characters: max_input_chars)"
+                "'input' is too long "
+                f"(at most {config.max_input_chars} characters: max_input_chars)"
             )
         if merged.get("voice") is not None:  # one voice: it is checked, not passed on
             self.voice(merged["voice"], self.aliases() if aliases is None else aliases)
@@ -294,7 +296,10 @@ class AsrAdapter(ServesEveryMode):
 
 
 class VadAdapter(ServesEveryMode):
-    """silero_vad: 16 kHz audio in, speech segments and probabilities out (every mode streams and batches)."""
+    """silero_vad: 16 kHz audio in, speech segments and probabilities out.
+
+    Every mode streams and batches.
+    """
 
     task = "vad"
     sample_rate = 16000
@@ -361,11 +366,17 @@ def speech_limit_error(exc: Exception, config: ServerConfig) -> ApiError:
     """The 400 for a piper :class:`~backends.piper.AudioLimitError`, naming the config key."""
     limit, seconds = getattr(exc, "limit", "request"), float(getattr(exc, "seconds", 0.0))
     if limit == "sentence":
-        key = f"max_sentence_seconds={config.max_sentence_seconds:g}; split long sentences with punctuation"
+        key = (
+            f"max_sentence_seconds={config.max_sentence_seconds:g}; "
+            "split long sentences with punctuation"
+        )
     elif seconds >= config.max_speech_seconds:
         key = f"max_speech_seconds={config.max_speech_seconds:g}"
     else:
-        key = f"speech_seconds_per_char={config.speech_seconds_per_char:g} per input character, at most max_speech_seconds={config.max_speech_seconds:g}"
+        key = (
+            f"speech_seconds_per_char={config.speech_seconds_per_char:g} per input character, "
+            f"at most max_speech_seconds={config.max_speech_seconds:g}"
+        )
     return bad(f"{exc} ({key})")
 
 

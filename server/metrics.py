@@ -99,7 +99,10 @@ class Metrics:
         self._teardown_started: dict[str, float] = {}
 
     def observe(self, r: TraceRecord) -> None:
-        """Update counters from one decision record (its typed ``fields``, never its summary text)."""
+        """Update counters from one decision record.
+
+        Uses its typed ``fields``, never its summary text.
+        """
         f = r.fields
         if r.event in ("request", "manage"):
             kind = "request" if r.event == "request" else "management"

@@ -18,7 +18,10 @@ from server.runtime.tracing import TraceLog
 def make_state(
     config: ServerConfig, provider: ModelProvider | None = None, trace_out: IO[str] | None = None
 ) -> ServerState:
-    """The runtime with every configured model registered (lazily), metrics wired to its decisions."""
+    """The runtime with every configured model registered (lazily).
+
+    Metrics are wired to its decisions.
+    """
     log = TraceLog(trace_out, keep=False) if trace_out is not None else None
     metrics_box: list[Metrics] = []
 

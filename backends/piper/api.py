@@ -42,7 +42,10 @@ class AudioLimitError(ValueError):
 
 
 class FrameLimitError(ValueError):
-    """Raised by the model before the flow and vocoder when a sentence needs more frames than allowed."""
+    """Raised by the model when a sentence needs more frames than allowed.
+
+    It is raised before the flow and vocoder run.
+    """
 
     def __init__(self, frames: int, max_frames: int) -> None:
         super().__init__(f"sentence needs {frames} frames, at most {max_frames} allowed")
@@ -52,7 +55,9 @@ class FrameLimitError(ValueError):
 
 @attrs.frozen
 class PiperRequest:
-    """One synthesis. Unset scales take the voice config's values (noise 0.667, length 1, noise_w 0.8).
+    """One synthesis.
+
+    Unset scales take the voice config's values (noise 0.667, length 1, noise_w 0.8).
 
     ``normalize_audio`` and ``volume`` are piper's output stage (peak-normalise each
     sentence, scale, clip to [-1, 1]); ``seed`` seeds this request's own RNG.

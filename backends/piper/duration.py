@@ -29,7 +29,8 @@ def log_durations(
     x = _dds_conv(be, w, h, "dp.convs", x)
     x = conv(be, w, "dp.proj", x)
     z = be.to_device(noise)
-    # reversed flows without the unused first ConvFlow: Flip, CF7, Flip, CF5, Flip, CF3, Flip, affine
+    # reversed flows without the unused first ConvFlow:
+    # Flip, CF7, Flip, CF5, Flip, CF3, Flip, affine
     for i in sorted(h.dp_flow_ids, reverse=True):
         z = _flip2(be, z)
         z = _conv_flow(be, w, h, f"dp.flows.{i}", z, x)

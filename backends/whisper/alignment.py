@@ -46,7 +46,10 @@ APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 
 OPENAI_TINY_EN_ALIGNMENT_HEADS = b"ABzY8J1N>@0{>%R00Bk>$p{7v037`oCl~+#00"
-"""openai-whisper's ``_ALIGNMENT_HEADS["tiny.en"]``: base85 of a gzipped bool mask [4 layers, 6 heads]."""
+"""openai-whisper's ``_ALIGNMENT_HEADS["tiny.en"]``.
+
+Base85 of a gzipped bool mask [4 layers, 6 heads].
+"""
 
 
 @attrs.frozen

@@ -48,7 +48,10 @@ def mel_filters(n_mels: int = N_MELS, n_fft: int = N_FFT, sr: int = SAMPLE_RATE)
 
 
 def log_mel(audio: np.ndarray, padding: int = HOP_LENGTH) -> np.ndarray:
-    """Log-mel spectrogram [80, frames] of 16 kHz mono float audio (frames = (len + padding) // 160)."""
+    """Log-mel spectrogram [80, frames] of 16 kHz mono float audio.
+
+    frames = (len + padding) // 160.
+    """
     wave = np.asarray(audio, dtype=np.float32)
     if wave.ndim != 1:
         raise ValueError("audio must be mono (1-D)")

@@ -111,7 +111,10 @@ def _split(
     segment_duration: float,
     seek: int,
 ) -> tuple[list[tuple[float, float, list[int], int]], int]:
-    """faster-whisper's ``_split_segments_by_timestamps``: (start, end, tokens, offset) and next seek."""
+    """faster-whisper's ``_split_segments_by_timestamps``.
+
+    Returns the (start, end, tokens, offset) pieces and the next seek.
+    """
     begin = tok.timestamp_begin
     pieces: list[tuple[float, float, list[int], int]] = []
     single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]

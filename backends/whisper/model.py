@@ -254,7 +254,10 @@ class DecoderState:
         self.length = 0
 
     def set_memory(self, encoder_out: Array) -> None:
-        """Project the encoder output [B, 1500, d] to each layer's cross keys/values; reset caches."""
+        """Project the encoder output [B, 1500, d] to each layer's cross keys/values.
+
+        Also resets the caches.
+        """
         be, w = self._be, self._w
         d = w.d_model
         self.cross_kt, self.cross_v = [], []

@@ -1,1 +1,4 @@
-"""The HTTP app: audio.cpp-shaped API over the runtime (Starlette on anyio, served by ``server.http.listener``)."""
+"""The HTTP app: audio.cpp-shaped API over the runtime.
+
+Starlette on anyio, served by ``server.http.listener``.
+"""

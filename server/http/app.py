@@ -38,7 +38,10 @@ _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
 
 
 def request_id_of(headers: Iterable[tuple[bytes, bytes]]) -> str:
-    """The client's ``X-Request-Id`` when it is sane (:data:`CLIENT_REQUEST_ID`), else a fresh id."""
+    """The client's ``X-Request-Id`` when it is sane (:data:`CLIENT_REQUEST_ID`).
+
+    Else a fresh id.
+    """
     for name, value in headers:
         if name == b"x-request-id":
             text = value.decode("latin-1")

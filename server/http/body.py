@@ -138,7 +138,10 @@ def _no_constants(name: str) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
-    """``raw`` as JSON, or a 400: never a RecursionError, digit-limit ValueError or lone surrogate."""
+    """``raw`` as JSON, or a 400.
+
+    Never a RecursionError, digit-limit ValueError or lone surrogate.
+    """
     if raw.count(b"{") + raw.count(b"[") + raw.count(b",") > MAX_JSON_CONTAINERS:
         raise bad(f"request body has more than {MAX_JSON_CONTAINERS} JSON values")
     try:
@@ -178,7 +181,10 @@ def _check_strings(value: Any) -> None:
 
 
 async def json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 saying what is wrong (large bodies parse off the loop)."""
+    """The body as a JSON object, or a 400 saying what is wrong.
+
+    Large bodies parse off the loop.
+    """
     try:
         raw = await request.body()
     except ClientDisconnect:  # the body ended before its Content-Length (a half-closed socket)
@@ -317,7 +323,10 @@ def string(
 def choice(
     body: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str | None = None
 ) -> str | None:
-    """An optional field that must be one of ``allowed`` (the default when absent, null or empty)."""
+    """An optional field that must be one of ``allowed``.
+
+    The default when absent, null or empty.
+    """
     value = body.get(key)
     if value is None or value == "":
         return default

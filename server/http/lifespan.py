@@ -1,4 +1,7 @@
-"""The ASGI lifespan protocol, driven by our own server (startup before listening, shutdown after)."""
+"""The ASGI lifespan protocol, driven by our own server.
+
+Startup before listening, shutdown after.
+"""
 
 from __future__ import annotations
 

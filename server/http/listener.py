@@ -93,7 +93,10 @@ class Deadlines:
 
 @attrs.frozen
 class ShutdownReport:
-    """What :meth:`HttpServer.shutdown` did: connections drained, connections aborted, seconds taken."""
+    """What :meth:`HttpServer.shutdown` did.
+
+    Connections drained, connections aborted, seconds taken.
+    """
 
     drained: int
     aborted: int
@@ -290,7 +293,10 @@ class _Connection:
         return data
 
     async def write(self, data: bytes) -> bool:
-        """Send ``data`` slice by slice, each within the write deadline; False if the connection ended."""
+        """Send ``data`` slice by slice, each within the write deadline.
+
+        False if the connection ended.
+        """
         view = memoryview(data)
         for start in range(0, len(view), WRITE_SLICE):
             if self.closed:
@@ -324,7 +330,10 @@ class _Connection:
         await self._reset()
 
     def cancel(self, kind: AbortKind) -> None:
-        """Abort from outside (the shutdown deadline): count it and cancel everything the connection runs."""
+        """Abort from outside (the shutdown deadline).
+
+        Count it and cancel everything the connection runs.
+        """
         self.mark_aborted(kind)
         self.scope.cancel()
 
@@ -345,7 +354,10 @@ class _Connection:
             await self.stream.aclose()
 
     async def _close(self) -> None:
-        """End of the connection: reset if aborted, else close, draining unread request bytes first."""
+        """End of the connection: reset if aborted, else close.
+
+        Closing drains unread request bytes first.
+        """
         if self.aborted is not None:
             await self._reset()
             return
@@ -387,7 +399,10 @@ class _Connection:
                 await self._close()
 
     async def _read_head(self) -> h11.Request | None:
-        """The next request head, or None (client gone, head deadline, shutdown, or a protocol error)."""
+        """The next request head, or None.
+
+        None: client gone, head deadline, shutdown, or a protocol error.
+        """
         if self.server.closing:
             return None
         got_bytes = False

@@ -275,7 +275,10 @@ def audio_route(task: str, models: Sequence[str], formats: Sequence[str] | None)
 def by_task(
     specs: Sequence[ModelSpec], config: ServerConfig, *, field: str, wrap: Schema, ok: Any
 ) -> Schema:
-    """One variant per task: ``model`` among that task's models passing ``ok``, ``field`` its request."""
+    """One variant per task.
+
+    ``model`` among that task's models passing ``ok``, ``field`` its request.
+    """
     variants = []
     for task in ("tts", "asr", "vad"):
         ids = [s.id for s in specs if s.task == task and ok(s)]
@@ -292,7 +295,10 @@ def by_task(
 
 
 def load_body(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
-    """``/v1/models/load``: a family with its own ``load_options``, or an existing id reconfigured."""
+    """``/v1/models/load``.
+
+    A family with its own ``load_options``, or an existing id reconfigured.
+    """
     slots: Schema | bool = (
         {"type": "integer", "minimum": 1, "maximum": 16}
         if config.runtime is RuntimeKind.PARALLEL
@@ -539,7 +545,10 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
         "info": {
             "title": "voxpool",
             "version": "0.1.0",
-            "description": "Audio models (TTS, ASR, VAD) with parallel per-model session slots; audio.cpp-compatible.",
+            "description": (
+                "Audio models (TTS, ASR, VAD) with parallel per-model session slots; "
+                "audio.cpp-compatible."
+            ),
         },
         "paths": paths,
         "components": {

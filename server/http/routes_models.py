@@ -29,7 +29,10 @@ async def health(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    """Every model and its counters; filesystem paths only for an authenticated management client."""
+    """Every model and its counters.
+
+    Filesystem paths only for an authenticated management client.
+    """
     st = state_of(request)
     manager = st.is_manager(request)
     data = []

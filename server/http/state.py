@@ -37,7 +37,10 @@ class ServerState:
         return self.config.management_token or os.environ.get("VOXPOOL_MANAGEMENT_TOKEN") or None
 
     def spec(self, model_id: Any, task: str | None = None, field: str = "model") -> ModelSpec:
-        """The spec of a model named in a request's ``field``; 400 if missing, 404 if unknown, 400 on task mismatch."""
+        """The spec of a model named in a request's ``field``.
+
+        400 if missing, 404 if unknown, 400 on task mismatch.
+        """
         if model_id is None:
             raise bad(f"'{field}' is required")
         if not isinstance(model_id, str) or not model_id:

@@ -67,7 +67,9 @@ def sse_error(exc: BaseException) -> bytes:
 
 
 async def sse_events(payloads: AsyncIterator[Any]) -> AsyncIterator[bytes]:
-    """Every payload as one SSE event, then ``[DONE]``; a failure mid-stream ends it with one error event.
+    """Every payload as one SSE event, then ``[DONE]``.
+
+    A failure mid-stream ends it with one error event.
 
     Headers are already sent when a stream fails, so the error travels in the
     body, as audio.cpp's transport does.

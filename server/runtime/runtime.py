@@ -348,7 +348,10 @@ class Runtime:
         await self.load(model, decision.load)
 
     def room_retry(self, model: str) -> RetryAfter | None:
-        """After a residency refusal: when the first other resident model would be idle (evictable)."""
+        """After a residency refusal.
+
+        When the first other resident model would be idle (evictable).
+        """
         now = self.clock.now()
         others = [
             e.admission.idle_after(now)
@@ -373,7 +376,8 @@ class Runtime:
             raise InvariantBroken(f"'{model}' is ready but has no pool")
         if live.generation != lease.generation:
             raise InvariantBroken(
-                f"ticket {lease.ticket} bound generation {lease.generation} but the pool is {live.generation}"
+                f"ticket {lease.ticket} bound generation {lease.generation} "
+                f"but the pool is {live.generation}"
             )
         return live.pool.at(lease.request_slot())
 

@@ -91,7 +91,10 @@ class Rendezvous:
         full.set()  # after the guard, the others go too
 
     def left(self) -> None:
-        """A wave member ended; one that never arrived (held ones cannot end) is no longer awaited."""
+        """A wave member ended.
+
+        One that never arrived (held ones cannot end) is no longer awaited.
+        """
         full = self._holding()
         if full is None:
             return
@@ -316,8 +319,10 @@ class Gate:
                 s.name: {"sha256": ref, "chunks": self.stream_chunks[s.name]}
                 for s, ref in zip(self.plan.stream_cases(), self.stream_ref, strict=True)
             },
-            compared="upstream direct session, original runtime (unflagged), parallel runtime at 1 slot: "
-            "cold, warm, repeated warm",
+            compared=(
+                "upstream direct session, original runtime (unflagged), "
+                "parallel runtime at 1 slot: cold, warm, repeated warm"
+            ),
         )
 
     async def serial_timings(
@@ -417,7 +422,8 @@ class Gate:
             self.drained(m3, rt, f"{tag} after warm waves")
             m2.expect(
                 ready_seen == n,
-                f"{tag}: at most {ready_seen} active loaded leases observed in warm waves, expected {n}",
+                f"{tag}: at most {ready_seen} active loaded leases observed in warm waves, "
+                f"expected {n}",
             )
             self.monitor.phase = f"{tag}/perf"
             idx = self.pick(n)
@@ -462,7 +468,8 @@ class Gate:
         out["late_growth_mib"] = round(growth / mib, 2)
         if growth > GROWTH_TOLERANCE_BYTES:
             c.gaps.append(
-                f"RSS still grew {growth / mib:.1f} MiB over the later warm waves (unexplained; investigate)"
+                f"RSS still grew {growth / mib:.1f} MiB over the later warm waves "
+                "(unexplained; investigate)"
             )
         return out
 
@@ -531,7 +538,8 @@ class Gate:
                     row = rt.status_of(self.model_id)
                     m4.expect(
                         row.state == "loading" and row.queued_management >= 1,
-                        f"{scope} unload during load: state {row.state}, {row.queued_management} managers queued",
+                        f"{scope} unload during load: state {row.state}, "
+                        f"{row.queued_management} managers queued",
                     )
                     hold.set()
                 self.compare(
@@ -545,7 +553,8 @@ class Gate:
                 got, _ = await self.wave(rt, idx)
                 self.compare(m4, f"reload after {scope} unload", idx, got, self.cold)
                 steps.append(
-                    f"{scope} unload while the first lazy load was held; the loading request finished, then the unload ran"
+                    f"{scope} unload while the first lazy load was held; "
+                    "the loading request finished, then the unload ran"
                 )
             await self.streams(rt, stream_model, m6)
         self.drained(m4, rt, "after shutdown")

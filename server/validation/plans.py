@@ -118,7 +118,10 @@ class VadPlan:
 
 
 class WhisperPlan:
-    """whisper: different recordings, a trimmed one and a prompted one; token ids and text compared."""
+    """whisper: different recordings, a trimmed one and a prompted one.
+
+    Token ids and text are compared.
+    """
 
     family, task, stream_mode = "whisper", "asr", "offline"
     invalid_reason = "a malformed request object (not a WhisperRequest)"

@@ -1,4 +1,7 @@
-"""What the gate watches: a provider that can fail or corrupt on cue, memory, leases, check records."""
+"""What the gate watches.
+
+A provider that can fail or corrupt on cue, memory, leases, check records.
+"""
 
 from __future__ import annotations
 
@@ -80,7 +83,10 @@ def rss_bytes() -> int:
 
 
 def settled_rss() -> int:
-    """RSS after collecting garbage and returning free heap pages (glibc), so retained memory shows."""
+    """RSS after collecting garbage and returning free heap pages (glibc).
+
+    So retained memory shows.
+    """
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

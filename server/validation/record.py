@@ -135,7 +135,10 @@ def performance(gate: Gate) -> dict[str, Any]:
         "candidate_one_slot_n_serial": _ms(p["candidate_serial_n"]),
         f"candidate_{gate.slots}_slots": _ms(p["candidate_n_slots"]),
         "n_requests_time_saved_pct": saved("original_serial_n", "candidate_n_slots"),
-        "note": "warm only (cold loads excluded); base = original runtime at one slot; separate from admission",
+        "note": (
+            "warm only (cold loads excluded); base = original runtime at one slot; "
+            "separate from admission"
+        ),
     }
 
 
@@ -194,7 +197,10 @@ def run_gate(
     make_provider: Callable[[], GateProvider] | None = None,
     reproduction: str = "",
 ) -> dict[str, Any]:
-    """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread) and return the record's model half."""
+    """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread).
+
+    Returns the record's model half.
+    """
     from threadpoolctl import threadpool_limits
 
     if family not in PLANS:
