@@ -8,7 +8,8 @@ from contextlib import contextmanager
 
 @contextmanager
 def blas_threads(threads: int) -> Iterator[None]:
-    """Limit BLAS (and OpenMP) threads for the block; without threadpoolctl the environment decides."""
+    """Limit BLAS (and OpenMP) threads for the block; without threadpoolctl the environment
+    decides."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - then OMP/OPENBLAS_NUM_THREADS decide

@@ -33,7 +33,8 @@ def uncontended(cycles: int) -> float:
 
 
 def contended(cycles: int) -> float:
-    """16 slots busy, 64 requests queued; each cycle releases one holder and admits one new request."""
+    """16 slots busy, 64 requests queued; each cycle releases one holder and admits one new
+    request."""
     adm = Admission("m", 16)
     now = 0.0
     holders: list[int] = []

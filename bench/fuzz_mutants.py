@@ -46,7 +46,8 @@ def main() -> None:
             continue
         print(
             f"| `{name}` | {statistics.median(found):.1f} s (max {max(found):.1f}) | "
-            f"{statistics.median(examples):.0f} (max {max(examples)}) | {min(sizes)}-{max(sizes)} | "
+            f"{statistics.median(examples):.0f} (max {max(examples)}) | "
+            f"{min(sizes)}-{max(sizes)} | "
             f"{statistics.median(totals):.1f} s | {missed}/{len(args.seeds)} |",
             flush=True,
         )

@@ -6,8 +6,9 @@ through the public API of each side: ``PiperSession.run`` and
 frames (the duration noise of onnxruntime is not seedable) and do the same work;
 noise_scale stays at the voice's 0.667. ``rtf`` = compute time / audio duration,
 ``ratio`` = numpy time / onnxruntime time; ``cpu_ms``/``cpu_ratio`` the same in
-process CPU time, steadier on a shared machine. Runs alternate between the two. ``--profile`` adds where the numpy
-time goes (text encoder, duration predictor, flow, HiFi-GAN generator).
+process CPU time, steadier on a shared machine. Runs alternate between the two.
+``--profile`` adds where the numpy time goes (text encoder, duration predictor,
+flow, HiFi-GAN generator).
 Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile]``.
 """
 
@@ -31,7 +32,9 @@ from bench.common import blas_threads  # noqa: E402
 MODEL = "piper"
 TEXTS = {
     "short (1 sentence)": "Hello world, this is a test.",
-    "medium (1 sentence)": "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "medium (1 sentence)": (
+        "The quick brown fox jumps over the lazy dog near the riverbank at dawn."
+    ),
     "paragraph (3 sentences)": (
         "Piper is a fast, local neural text to speech system. It sounds great. "
         "This paragraph has three sentences, so it is synthesised in three chunks."

@@ -1,6 +1,7 @@
 """The three model families against their reference runtimes, side by side, in one run.
 
-    python bench/models.py [--backend numpy|opencl|cuda] [--threads N] [--repeats N] [--only vad,piper,whisper]
+    python bench/models.py [--backend numpy|opencl|cuda] [--threads N] [--repeats N]
+                           [--only vad,piper,whisper]
 
 Each family's bench (bench/model_*.py) measures our numpy backend and the
 peer (onnxruntime for silero_vad and piper, faster-whisper/ctranslate2 for
@@ -46,7 +47,10 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"| {'model':<15} | {'input':<28} | {'impl':<24} | {'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
+    head = (
+        f"| {'model':<15} | {'input':<28} | {'impl':<24} | "
+        f"{'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
+    )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"

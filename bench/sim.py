@@ -83,7 +83,8 @@ def workload(requests: int = 1000, virtual: float = 600.0, seed: int = 7) -> Sce
 
 
 def timed(scenario: Scenario) -> tuple[float, float, RunResult]:
-    """(wall seconds, CPU seconds of this process, result): CPU time is what a busy VM cannot inflate."""
+    """(wall seconds, CPU seconds of this process, result): CPU time is what a busy VM cannot
+    inflate."""
     start, cpu = time.perf_counter(), time.process_time()
     result = run_scenario(scenario)
     return time.perf_counter() - start, time.process_time() - cpu, result
@@ -119,7 +120,8 @@ def main() -> int:
     mgmt = sum(1 for a in scenario.actions if a.do not in ("request", "stream", "batch"))
     print(f"{scenario.name}: {len(scenario.actions)} actions ({mgmt} management)")
     print(
-        f"outcomes: {dict(sorted(outcomes.items()))}; violations: {len(result.violations)}; stalled: {result.stalled}"
+        f"outcomes: {dict(sorted(outcomes.items()))}; "
+        f"violations: {len(result.violations)}; stalled: {result.stalled}"
     )
     print()
     print("| figure | value |")

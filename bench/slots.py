@@ -200,7 +200,8 @@ async def serial_wave(
 async def parallel_wave(
     rt: Runtime, model: str, requests: Sequence[Any], lat: list[float]
 ) -> tuple[float, list[Any]]:
-    """The requests all submitted at once; (total seconds until the last finished, results in order)."""
+    """The requests all submitted at once; (total seconds until the last finished, results in
+    order)."""
     outs: list[list[Any]] = [[] for _ in requests]
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
@@ -314,8 +315,9 @@ def table(rows: Sequence[SlotRow]) -> str:
     for r in rows:
         lines.append(
             f"| {r.model} | {r.input} | {r.n} | {r.orig_one_ms:.1f} | {r.one_ms:.1f} "
-            f"| {r.one_saved_pct:.1f} | {r.orig_serial_ms:.1f} | {r.many_ms:.1f} | {r.saved_pct:.1f} "
-            f"| {r.one_serial_ms:.1f} | {r.saved_vs_one_slot_pct:.1f} | {'yes' if r.identical else 'no'} |"
+            f"| {r.one_saved_pct:.1f} | {r.orig_serial_ms:.1f} | {r.many_ms:.1f} "
+            f"| {r.saved_pct:.1f} | {r.one_serial_ms:.1f} | {r.saved_vs_one_slot_pct:.1f} "
+            f"| {'yes' if r.identical else 'no'} |"
         )
     lines += ["", DETAILS, "|---|" + "---:|" * 6]
     for r in rows:

@@ -150,7 +150,8 @@ def report(out: dict[str, object], clients: int, seconds: float) -> bool:
             continue
         codes = ", ".join(f"{code}: {n}" for (r, code), n in sorted(statuses.items()) if r == route)
         print(
-            f"| {route} | {len(lat)} | {codes} | {pct(lat, 50):.2f} s | {pct(lat, 95):.2f} s | {pct(lat, 99):.2f} s |"
+            f"| {route} | {len(lat)} | {codes} | {pct(lat, 50):.2f} s | "
+            f"{pct(lat, 95):.2f} s | {pct(lat, 99):.2f} s |"
         )
     histogram = Counter[int]()
     for (_, code), n in statuses.items():
@@ -158,8 +159,10 @@ def report(out: dict[str, object], clients: int, seconds: float) -> bool:
     print("status histogram:", ", ".join(f"{code}: {n}" for code, n in sorted(histogram.items())))
     flat = memory["end"] <= memory["warm"] * 1.10
     print(
-        f"resident memory: start {memory['start']:.0f} MiB, after warm-up {memory['warm']:.0f} MiB, "
-        f"end {memory['end']:.0f} MiB ({'flat' if flat else 'GREW'}: end/warm = {memory['end'] / memory['warm']:.3f})"
+        f"resident memory: start {memory['start']:.0f} MiB, "
+        f"after warm-up {memory['warm']:.0f} MiB, "
+        f"end {memory['end']:.0f} MiB ({'flat' if flat else 'GREW'}: "
+        f"end/warm = {memory['end'] / memory['warm']:.3f})"
     )
     drained = all(v == (0, 0, 0) for v in counters.values())
     print(

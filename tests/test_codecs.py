@@ -1,4 +1,5 @@
-"""server.codecs: every upload format decodes, every speech format encodes, limits hold while decoding.
+"""server.codecs: every upload format decodes, every speech format encodes, limits hold while
+decoding.
 
 No server here: the decoder and encoders on files made with PyAV from tests/data.
 The live round trips (piper -> each format -> whisper and VAD) are in

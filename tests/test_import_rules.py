@@ -1,4 +1,5 @@
-"""The layering of docs/reference.md §0, enforced by reading every module's imports (no execution)."""
+"""The layering of docs/reference.md §0, enforced by reading every module's imports (no
+execution)."""
 
 from __future__ import annotations
 

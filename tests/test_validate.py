@@ -1,4 +1,5 @@
-"""``voxpool validate``: seed 003's gate on the real silero_vad runtime, and that it catches a bad slot."""
+"""``voxpool validate``: seed 003's gate on the real silero_vad runtime, and that it catches a
+bad slot."""
 
 from __future__ import annotations
 

@@ -352,7 +352,8 @@ def _cases() -> list[Case]:
         )
         add(
             Case(
-                f"conv_transpose1d b{b} {cin}->{cout_g * groups} t{t} k{k} s{stride} p{pad} op{opad} d{dil} g{groups}",
+                f"conv_transpose1d b{b} {cin}->{cout_g * groups} t{t} k{k} "
+                f"s{stride} p{pad} op{opad} d{dil} g{groups}",
                 _inputs(*makers),
                 lambda be, x, w, *bb, s=stride, p=pad, o=opad, d=dil, g=groups: be.conv_transpose1d(
                     x, w, bb[0] if bb else None, s, p, o, d, g

@@ -40,7 +40,8 @@ def test_overdue_rejection_reflects_the_observed_hold_time() -> None:
 
 
 def test_queue_full_counts_the_requests_ahead() -> None:
-    """2 slots busy (mean hold 4 s, each 1 s in), 3 queued: the client's turn comes after 3 handovers."""
+    """2 slots busy (mean hold 4 s, each 1 s in), 3 queued: the client's turn comes after 3
+    handovers."""
     a = Admission("m", 2, max_queue=3)
     hold(a, 1, 0.0, 4.0)
     assert isinstance(a.request(2, 10.0, 0), Granted)

@@ -65,10 +65,13 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
         assert all(a is b for a, b in zip(session.weights.arrays(), shared, strict=True))
     state_bytes = primary.state.nbytes()
     print(
-        f"whisper: weights {weight_bytes / 1e6:.1f} MB once (load RSS +{(rss_loaded - rss_start) / 1e6:.1f} MB); "
-        f"per-session KV cache {state_bytes / 1e6:.1f} MB allocated, {live_state / 1e6:.1f} MB with a "
+        f"whisper: weights {weight_bytes / 1e6:.1f} MB once "
+        f"(load RSS +{(rss_loaded - rss_start) / 1e6:.1f} MB); "
+        f"per-session KV cache {state_bytes / 1e6:.1f} MB allocated, "
+        f"{live_state / 1e6:.1f} MB with a "
         f"window's cross K/V; RSS growth for "
-        f"{SESSIONS - 1} clones {rss_growth / 1e6:.1f} MB ({rss_growth / (SESSIONS - 1) / 1e6:.2f} MB each)"
+        f"{SESSIONS - 1} clones {rss_growth / 1e6:.1f} MB "
+        f"({rss_growth / (SESSIONS - 1) / 1e6:.2f} MB each)"
     )
     assert state_bytes == 4 * 2 * 6 * 448 * 64 * 4  # self-attention K/V, 4 layers, 448 positions
     per_session = rss_growth / (SESSIONS - 1)

@@ -5,9 +5,9 @@ core or ``server.runtime`` for the duration of the block and restores it after.
 Each reintroduces exactly one bug from the reference (docs/reference.md;
 docs/reference-cases.md maps its cases to tests): §3.9 (the v1 scheduler),
 §8.1-8.4 and §6.5, plus the three race reports of issue #10 (idle clock,
-abandoned initializer, re-registration reload). The tests in this folder prove that the simulator (its
-scenario files and its fuzzer) catches every one of them, and that the real
-code passes the same checks.
+abandoned initializer, re-registration reload). The tests in this folder prove
+that the simulator (its scenario files and its fuzzer) catches every one of
+them, and that the real code passes the same checks.
 
 ``SIMULATED`` mutants live in code the simulator runs. ``batch_slot_early_free``
 patches :mod:`core.batching`, which the runtime does not drive (the fake
@@ -95,7 +95,8 @@ def _request_overdue_suppressed(self: Admission, now: float, timeout: float) -> 
 
 
 def _request_barging(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
-    """Priority-flag design (§8.3): a free slot is taken when no *request* waits, queued managers ignored."""
+    """Priority-flag design (§8.3): a free slot is taken when no *request* waits, queued
+    managers ignored."""
     if self._admitting and self._exclusive is None and self._queued_requests == 0:
         slot = self._free_slot()
         if slot is not None:
@@ -168,7 +169,8 @@ def _resident_until_torn_down(self: Lifecycle) -> bool:
 
 # --------------------------------------------------------------------- bulk (core)
 def _bulk_selection_order(self: BulkUnload) -> UnloadNow | WaitForGrant | BulkDone | None:
-    """Bulk unload in selection order: wait for each barrier in turn, idle ones included (§8.4.3)."""
+    """Bulk unload in selection order: wait for each barrier in turn, idle ones included
+    (§8.4.3)."""
     for model in self.selected:
         if model in self.done or model in self.in_progress:
             continue
@@ -234,7 +236,8 @@ def _release_without_use(self: Core, model: str, ticket: int, now: float) -> Any
 
 
 def _abandon_wait_strands(self: Lifecycle, ticket: int) -> Abandoned:
-    """Report 2: a departing waiter that a failed load already named initializer hands nothing on."""
+    """Report 2: a departing waiter that a failed load already named initializer hands
+    nothing on."""
     if ticket in self.load_waiters:
         self.load_waiters.remove(ticket)
         return Abandoned(Left.WAITER)
@@ -319,7 +322,8 @@ MUTANTS: dict[str, MutantInfo] = {
         ),
         MutantInfo(
             "idle_clock_from_use_start",
-            "idle retirement counts from the start of the last use: a model is retired right after a long run",
+            "idle retirement counts from the start of the last use: "
+            "a model is retired right after a long run",
             "reference §4.8; race report 1 (issue #10)",
             "Core.release does not touch the entry when a request lease ends",
             _one(Core, "release", _release_without_use),
@@ -327,7 +331,8 @@ MUTANTS: dict[str, MutantInfo] = {
         ),
         MutantInfo(
             "abandoned_initializer_strands",
-            "a waiter that leaves as the first load fails keeps the initializer role: the model stays loading",
+            "a waiter that leaves as the first load fails keeps the initializer role: "
+            "the model stays loading",
             "reference §4.3; race report 2 (issue #10)",
             "Lifecycle.abandon_wait does not pass the initializer role on",
             _one(Lifecycle, "abandon_wait", _abandon_wait_strands),
@@ -335,7 +340,8 @@ MUTANTS: dict[str, MutantInfo] = {
         ),
         MutantInfo(
             "reregister_reloads",
-            "re-registering with only operational fields changed reconfigures and reloads the model",
+            "re-registering with only operational fields changed "
+            "reconfigures and reloads the model",
             "reference §4.5; race report 3 (issue #10)",
             "Management.only_operational compares whole specs",
             _one(Management, "only_operational", staticmethod(_any_difference_reconfigures)),

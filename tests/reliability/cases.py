@@ -81,7 +81,8 @@ def fmt(tag: int = 1, channels: int = 1, rate: int = 16000, bits: int = 16) -> t
 
 
 def assert_healthy(server: LiveServer, client: httpx.Client, hello_wav: bytes) -> None:
-    """The server answers /health at once, every model is idle, and one valid request per route works."""
+    """The server answers /health at once, every model is idle, and one valid request per
+    route works."""
     t0 = time.monotonic()
     assert client.get("/health").json()["status"] == "ok"
     assert time.monotonic() - t0 < 5.0

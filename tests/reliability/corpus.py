@@ -438,7 +438,8 @@ def string_cases(limits: Limits) -> list[Case]:
 
 
 def limit_cases(limits: Limits) -> list[Case]:
-    """Issue #11 section 2: synthesis parameters bounded, audio per request capped, a 400 saying which."""
+    """Issue #11 section 2: synthesis parameters bounded, audio per request capped, a 400
+    saying which."""
     sp = "/v1/audio/speech"
     per_char = "speech_seconds_per_char"
     long_sentence = SENTENCE[:-1] + " and the old mill by the water."

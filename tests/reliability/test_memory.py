@@ -240,6 +240,7 @@ def test_route_at_its_limits_stays_within_the_bound(
     peak = vm(warm)["VmHWM"] - before["VmRSS"]
     bound = memory_bound(case.load)
     FIGURES.append(
-        f"  {case.name:26s} {case.load.body / MIB:6.2f} MiB body  peak +{peak / MIB:6.1f} MiB  bound {bound / MIB:6.1f} MiB"
+        f"  {case.name:26s} {case.load.body / MIB:6.2f} MiB body  "
+        f"peak +{peak / MIB:6.1f} MiB  bound {bound / MIB:6.1f} MiB"
     )
     assert peak <= bound, (case.name, peak / MIB, bound / MIB)

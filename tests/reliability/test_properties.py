@@ -1,4 +1,5 @@
-"""Requests generated from the served ``/openapi.json``: what the document allows, the server accepts.
+"""Requests generated from the served ``/openapi.json``: what the document allows, the
+server accepts.
 
 schemathesis draws requests from each operation of the document as the live
 server serves it (its model ids, ranges and limits). A request the document
@@ -36,10 +37,12 @@ SPEECH_LIMITS = (
 AUDIO_CONTENT = ("base64", "WAV", "audio", "the uploaded file is empty", "max_audio_seconds")
 HELLO = HELLO_WAV.read_bytes()
 SHORT = noise_wav(0.2)
-"""Whisper runs a 30 s window whatever the length: short audio keeps each example near one second."""
+"""Whisper runs a 30 s window whatever the length: short audio keeps each example near one
+second."""
 TASKS = {"piper": "tts", "piper_batch": "tts", "whisper": "asr", "silero_vad": "vad"}
 OUTCOMES: collections.Counter[str] = collections.Counter()
-"""Examples run, by route and status: printed at the end (docs/reliability.md has a run's figures)."""
+"""Examples run, by route and status: printed at the end (docs/reliability.md has a run's
+figures)."""
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,8 @@ def form_value(value: Any) -> str:
 
 
 def with_audio(body: dict[str, Any], use_real: bool, model: str) -> dict[str, Any]:
-    """``body`` with its audio source replaced by a real WAV (Whisper: a short one) when ``use_real``."""
+    """``body`` with its audio source replaced by a real WAV (Whisper: a short one) when
+    ``use_real``."""
     if not use_real:
         return body
     out = {k: v for k, v in body.items() if k not in ("audio_base64", "audio_path")}
@@ -214,7 +218,8 @@ def test_task_routes(rel: httpx.Client, api: Any, path: str, examples: int) -> N
 
 
 def test_management(reliability_server: LiveServer, rel: httpx.Client, api: Any) -> None:
-    """Registration (under a small pool of new ids, unloaded again), unload and bulk unload: 200 or 404."""
+    """Registration (under a small pool of new ids, unloaded again), unload and bulk unload:
+    200 or 404."""
 
     @given(bodies(api, "/v1/models/load").filter(lambda b: "family" in b), st.integers(0, 2))
     def prop_load(body: dict[str, Any], slot: int) -> None:

@@ -1,8 +1,9 @@
-"""Protocol-level errors (issue #11 section 3): what the server answers to requests broken below HTTP's
-application layer, sent as raw bytes. The transport (server/cmd_serve.py, server/http/listener.py) is
-another change's; this test records what it does today (docs/reliability.md, "Protocol-level errors")
-and holds the parts that must not regress: a 4xx status where the server can still answer, never a 5xx,
-the JSON error shape on any body, and a healthy server afterwards.
+"""Protocol-level errors (issue #11 section 3): what the server answers to requests broken
+below HTTP's application layer, sent as raw bytes. The transport (server/cmd_serve.py,
+server/http/listener.py) is another change's; this test records what it does today
+(docs/reliability.md, "Protocol-level errors") and holds the parts that must not regress:
+a 4xx status where the server can still answer, never a 5xx, the JSON error shape on any
+body, and a healthy server afterwards.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ RAW = {
         {400},
     ),
     "content-length-twice": (
-        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
         {400},
     ),
     "content-length-and-chunked": (

@@ -194,7 +194,8 @@ def test_duration_limit_is_checked_from_the_header_before_any_sample(
 
 
 def test_decoding_runs_off_the_event_loop() -> None:
-    """While a two-minute upload at 1 kHz is decoded and resampled (16x), the event loop keeps ticking."""
+    """While a two-minute upload at 1 kHz is decoded and resampled (16x), the event loop keeps
+    ticking."""
     data = noise_wav(120, 1000, 1)
     ticks = 0
 

@@ -1,4 +1,5 @@
-"""A live server whose session work waits at a gate the test opens, and says what it ran in which order.
+"""A live server whose session work waits at a gate the test opens, and says what it ran in
+which order.
 
 ``python -m tests.server.gated GATE_DIR serve ...`` is ``voxpool serve ...``
 (the same CLI, config loader, listener, app, runtime and real models) with
@@ -40,7 +41,8 @@ T = TypeVar("T")
 POLL_S = 0.005
 """How often a held step looks at its gate (a poll interval: it decides nothing)."""
 HANG_GUARD_S = 60.0
-"""The longest a test waits for a state the server must reach: a guard against a hang, never a verdict."""
+"""The longest a test waits for a state the server must reach: a guard against a hang, never a
+verdict."""
 
 
 # ------------------------------------------------------------------ server side
@@ -221,7 +223,8 @@ def main(argv: Sequence[str]) -> int:
 
 # ------------------------------------------------------------------ test side
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float = HANG_GUARD_S) -> T:
-    """Poll ``probe`` until it returns something truthy, and return that (AssertionError after the guard)."""
+    """Poll ``probe`` until it returns something truthy, and return that (AssertionError after
+    the guard)."""
     deadline = time.monotonic() + timeout
     while True:
         got = probe()
@@ -389,11 +392,13 @@ def max_in_flight(events: Sequence[dict[str, Any]]) -> int:
 
 
 def raw_post(server: LiveServer, path: str, body: dict[str, Any]) -> socket.socket:
-    """Send one JSON POST on a bare socket and return it unread: closing it is a client going away."""
+    """Send one JSON POST on a bare socket and return it unread: closing it is a client going
+    away."""
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        "Content-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\n\r\n"
     )
     sock.sendall(head.encode() + data)

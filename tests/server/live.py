@@ -117,7 +117,8 @@ class LiveServer:
     def wait_for(
         self, model_id: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 60.0
     ) -> dict[str, Any]:
-        """Poll ``/v1/models`` until ``pred`` holds for the model's row (AssertionError on timeout)."""
+        """Poll ``/v1/models`` until ``pred`` holds for the model's row (AssertionError on
+        timeout)."""
         deadline = time.monotonic() + timeout
         row = self.model(model_id)
         while not pred(row):

@@ -32,7 +32,8 @@ WRITE_S = 3.0
 BODY_S = 1.0
 HEADER_S = 1.0
 STALL_TEXT = " ".join(["Then another sentence follows, and it is quite a long one."] * 40)
-"""Forty sentences: far more audio than the socket buffers hold, so a client that stops reading stalls the stream."""
+"""Forty sentences: far more audio than the socket buffers hold, so a client that stops reading
+stalls the stream."""
 STREAMS: dict[str, dict[str, Any]] = {
     "sse": {"stream": True},
     "raw audio": {"stream": True, "stream_format": "audio", "response_format": "pcm"},
@@ -59,7 +60,8 @@ def write_config(tmp: Path, **overrides: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def server(server_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """tts1 and tts2 (piper, streaming, 1 slot each); write 3 s, body 1 s, header 1 s; 64 KiB send buffers."""
+    """tts1 and tts2 (piper, streaming, 1 slot each); write 3 s, body 1 s, header 1 s; 64 KiB
+    send buffers."""
     live = LiveServer(write_config(tmp_path_factory.mktemp("deadlines")), server_logs).start()
     try:
         yield live
@@ -77,7 +79,10 @@ def connect(port: int, rcvbuf: int | None = None) -> socket.socket:
 
 
 def post(path: str, body: bytes) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -180,7 +185,8 @@ def test_a_half_sent_body_and_a_half_sent_head_are_closed_after_their_deadlines(
             "Content-Length",
         ),
         (
-            b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\n"
+            b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
             "Content-Length",
         ),
         (b"GET /health HTTP/1.1\r\n\r\n", "Host"),
@@ -228,7 +234,8 @@ def test_retry_after_on_a_503_reflects_observed_hold_times(server: LiveServer) -
             h_max,
         )
         print(
-            f"Retry-After {retry_after} s (first hold <= {h_max:.2f} s, second holder at <= {e_max:.2f} s)"
+            f"Retry-After {retry_after} s (first hold <= {h_max:.2f} s, "
+            f"second holder at <= {e_max:.2f} s)"
         )
     finally:
         second.close()

@@ -36,7 +36,8 @@ CHUNK = b"x" * 65536
 
 class FakeApp:
     """``/stream``: endless 64 KiB chunks, counted as an active "lease" while it runs;
-    ``/echo``: the body's length; ``/slow``: answers when ``go`` is set; anything else: ``hello``."""
+    ``/echo``: the body's length; ``/slow``: answers when ``go`` is set; anything else:
+    ``hello``."""
 
     def __init__(self) -> None:
         self.active = 0
@@ -191,10 +192,14 @@ def test_a_half_sent_body_is_aborted_after_the_body_deadline(backend: str) -> No
             assert server.aborts[AbortKind.BODY] == 1
             # a body that keeps coming is not cut off: each read only has to make progress
             with await blocking(lambda: connect(port)) as s:
-                head = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+                head = (
+                    b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
                 await blocking(lambda: s.sendall(head))
                 for byte in (b"a", b"b", b"c"):
-                    # pauses of 0.6 s: 1.8 s in all, longer than the deadline, but each read progresses
+                    # pauses of 0.6 s: 1.8 s in all, longer than the deadline, but each read
+                    # progresses
                     await anyio.sleep(0.6)
                     await blocking(lambda b=byte: s.sendall(b))  # type: ignore[misc]
                 assert json_body(await blocking(lambda: read_all(s))) == {"length": 3}
@@ -260,7 +265,8 @@ def test_keep_alive_pipelining_head_continue_and_chunked_bodies(backend: str) ->
             def expect_continue() -> bytes:
                 with connect(port) as s:
                     s.sendall(
-                        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+                        b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n"
+                        b"Expect: 100-continue\r\nConnection: close\r\n\r\n"
                     )
                     interim = s.recv(100)
                     s.sendall(b"abcd")
@@ -269,7 +275,10 @@ def test_keep_alive_pipelining_head_continue_and_chunked_bodies(backend: str) ->
             response = await blocking(expect_continue)
             assert response.startswith(b"HTTP/1.1 100 ")
             assert json_body(response.split(b"\r\n\r\n", 1)[1]) == {"length": 4}
-            chunked = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            chunked = (
+                b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+                b"Connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+            )
             assert json_body(await blocking(lambda: roundtrip(port, chunked))) == {"length": 5}
 
     run(main, backend)

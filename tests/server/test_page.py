@@ -214,7 +214,10 @@ def speech_audio(driver: Any) -> dict[str, Any]:
             driver,
             """
             const a = document.getElementById('speech-audio');
-            return {src: a.src, bytes: Number(a.dataset.bytes || 0), duration: a.duration, ready: a.readyState};
+            return {
+                src: a.src, bytes: Number(a.dataset.bytes || 0),
+                duration: a.duration, ready: a.readyState
+            };
             """,
         )
     )

@@ -1,5 +1,6 @@
-"""Whisper's OpenAI transcription options through a live server and the unmodified ``openai`` client:
-``timestamp_granularities[]`` (word timestamps in verbose_json), ``temperature``, ``seed``, ``prompt``.
+"""Whisper's OpenAI transcription options through a live server and the unmodified
+``openai`` client: ``timestamp_granularities[]`` (word timestamps in verbose_json),
+``temperature``, ``seed``, ``prompt``.
 """
 
 from __future__ import annotations

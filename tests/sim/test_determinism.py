@@ -1,4 +1,5 @@
-"""Same scenario and seed: byte-identical trace anywhere; different seeds: different interleavings."""
+"""Same scenario and seed: byte-identical trace anywhere; different seeds: different
+interleavings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The fuzzer: its scenarios are valid and round-trip, its checks see bugs and spare the real code."""
+"""The fuzzer: its scenarios are valid and round-trip, its checks see bugs and spare the real
+code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``voxpool sim replay``: recorded traces replay cleanly; edited or foreign ones diverge where they differ."""
+"""``voxpool sim replay``: recorded traces replay cleanly; edited or foreign ones diverge where
+they differ."""
 
 from __future__ import annotations
 

@@ -236,7 +236,8 @@ def test_barriers_separate_old_and_new_work(timeline: Timeline) -> None:
 def test_loads_and_teardowns_are_drawn_on_the_management_lane(timeline: Timeline) -> None:
     loads = [b for b in timeline.bars if b.kind == "load"]
     teardowns = [b for b in timeline.bars if b.kind == "teardown"]
-    # b: cold load for rb1, reload for rb4 after its unload, explicit load l1; a: eager, reconfigure, r8
+    # b: cold load for rb1, reload for rb4 after its unload, explicit load l1;
+    # a: eager, reconfigure, r8
     assert sum(1 for b in loads if b.lane == ("b", "mgmt")) == 3
     assert sum(1 for b in loads if b.lane == ("a", "mgmt")) == 3
     assert all(b.end > b.start for b in loads)
