@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import struct
-import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -81,11 +80,10 @@ def fmt(tag: int = 1, channels: int = 1, rate: int = 16000, bits: int = 16) -> t
 
 
 def assert_healthy(server: LiveServer, client: httpx.Client, hello_wav: bytes) -> None:
-    """The server answers /health at once, every model is idle, and one valid request per
-    route works."""
-    t0 = time.monotonic()
-    assert client.get("/health").json()["status"] == "ok"
-    assert time.monotonic() - t0 < 5.0
+    """The server answers /health, every model is idle, and one valid request per route
+    works. (That the event loop is never blocked by a decode is tested without timing in
+    tests/reliability/test_validators.py; no verdict here depends on how fast this machine is.)"""
+    assert client.get("/health", timeout=60.0).json()["status"] == "ok"
     for row in client.get("/v1/models").json()["data"]:
         server.wait_idle(row["id"])
     r = client.post("/v1/audio/speech", json={"model": "piper", "input": "Still here."})
