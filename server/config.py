@@ -51,6 +51,7 @@ CONNECTION_KEYS = (
     "write_timeout_s",
     "shutdown_timeout_s",
     "send_buffer_bytes",
+    "max_connections",
 )
 """Client I/O deadlines and the socket send buffer (docs/server.md, "Slow and stalled clients")."""
 LIMIT_KEYS = (
@@ -179,6 +180,7 @@ class ServerConfig:
     write_timeout_s: float = 30.0
     shutdown_timeout_s: float = 30.0
     send_buffer_bytes: int = 0
+    max_connections: int = 128
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -484,6 +486,7 @@ def parse_config(
         write_timeout_s=_seconds(raw, "write_timeout_s", 30.0),
         shutdown_timeout_s=_seconds(raw, "shutdown_timeout_s", 30.0),
         send_buffer_bytes=_int(raw, "send_buffer_bytes", 0),
+        max_connections=_int(raw, "max_connections", 128),
     )
 
 

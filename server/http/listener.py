@@ -542,7 +542,10 @@ class HttpServer:
     ``on_abort`` is called once per aborted connection with the deadline that
     ran out; ``send_buffer_bytes`` (0: the kernel's autotuning) bounds how much
     of a response the kernel holds for a client, and so how soon a client that
-    stopped reading meets the write deadline.
+    stopped reading meets the write deadline. ``max_connections`` (0: no limit)
+    bounds the connections served at once: one more is answered 503 with the JSON
+    error shape and closed at once, without reading its request, so the memory
+    held for request bodies stays below ``max_connections`` times the body limit.
     """
 
     def __init__(
@@ -552,9 +555,12 @@ class HttpServer:
         *,
         on_abort: Callable[[AbortKind], None] | None = None,
         send_buffer_bytes: int = 0,
+        max_connections: int = 0,
         state: Mapping[str, Any] | None = None,
     ) -> None:
         self.app = app
+        self.max_connections = max_connections
+        self.refused = 0
         self.deadlines = deadlines or Deadlines()
         self.on_abort = on_abort
         self.send_buffer_bytes = send_buffer_bytes
@@ -640,7 +646,32 @@ class HttpServer:
                 raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
                 with contextlib.suppress(OSError):
                     raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+            if self.max_connections and len(self.connections) >= self.max_connections:
+                self.refused += 1
+                connections.start_soon(self._refuse, stream)
+                continue
             connections.start_soon(self._handle, stream)
+
+    async def _refuse(self, stream: anyio.abc.SocketStream) -> None:
+        """Over ``max_connections``: a 503 in the JSON error shape, then close (the request
+        is never read; the write is bounded by the write deadline)."""
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"the server is at its limit of {self.max_connections} "
+                    "connections; retry later",
+                    "type": "server_busy",
+                }
+            }
+        ).encode()
+        head = (
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\nconnection: close\r\n" + b"content-length: %d\r\n\r\n" % len(body)
+        )
+        with anyio.move_on_after(self.deadlines.write_s), contextlib.suppress(Exception):
+            await stream.send(head + body)
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await stream.aclose()
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         conn = _Connection(self, stream)

@@ -59,7 +59,11 @@ async def serve(config: ServerConfig, trace: IO[str] | None) -> int:
         state.metrics.connections_aborted.labels(kind.value).inc()
 
     server = HttpServer(
-        app, deadlines(config), on_abort=aborted, send_buffer_bytes=config.send_buffer_bytes
+        app,
+        deadlines(config),
+        on_abort=aborted,
+        send_buffer_bytes=config.send_buffer_bytes,
+        max_connections=config.max_connections,
     )
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:

@@ -349,3 +349,36 @@ def test_shutdown_aborts_a_client_that_stopped_reading_at_the_deadline(backend: 
             s.close()
 
     run(main, backend)
+
+
+def test_connections_over_the_limit_get_a_json_503_and_the_rest_are_served(backend: str) -> None:
+    """max_connections=2: two idle connections fill it; a third is answered 503 (JSON, never
+    read) and closed; once one of the two closes, a new connection is served again."""
+
+    async def main() -> None:
+        server = HttpServer(FakeApp(), Deadlines(), max_connections=2)
+        listeners = await bind("127.0.0.1", 0)
+        port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, listeners)
+            first, second = connect(port), connect(port)
+            with anyio.fail_after(GUARD_S):
+                while len(server.connections) < 2:
+                    await anyio.sleep(0.01)
+            refused = await blocking(lambda: roundtrip(port, get("/")))
+            assert refused.startswith(b"HTTP/1.1 503 "), refused[:200]
+            assert b"connection: close" in refused.lower() and b"retry-after: 1" in refused.lower()
+            error = json_body(refused)["error"]
+            assert error["type"] == "server_busy" and "limit of 2 connections" in error["message"]
+            assert server.refused == 1
+            first.close()
+            with anyio.fail_after(GUARD_S):
+                while len(server.connections) > 1:
+                    await anyio.sleep(0.01)
+            served = await blocking(lambda: roundtrip(port, get("/", b"Connection: close\r\n")))
+            assert served.startswith(b"HTTP/1.1 200 ") and served.endswith(b"hello"), served[:200]
+            second.close()
+            with anyio.fail_after(GUARD_S):
+                await server.shutdown()
+
+    run(main, backend)
