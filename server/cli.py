@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
 
     val = sub.add_parser(
-        "validate", help="seed 003's admission gate for one model family at one slot count"
+        "validate",
+        help="the model validation procedure's admission gate for one family at one slot count",
     )
     val.add_argument("--model", required=True, choices=["piper", "whisper", "silero_vad"])
     val.add_argument("--slots", type=int, default=2)

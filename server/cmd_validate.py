@@ -1,4 +1,4 @@
-"""``voxpool validate``: run seed 003's gate for one model family at one slot count.
+"""``voxpool validate``: run the model validation procedure's gate for one family at one count.
 
 The model half (M1-M6) comes from :mod:`server.validation`. The framework half
 (F1-F6) maps each group to the tests that hold its evidence; a group is PASS

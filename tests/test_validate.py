@@ -1,4 +1,4 @@
-"""``voxpool validate``: seed 003's gate on the real silero_vad runtime, and that it catches a
+"""``voxpool validate``: the validation procedure's gate on the real silero_vad runtime, and that it catches a
 bad slot."""
 
 from __future__ import annotations

@@ -647,9 +647,11 @@ class Gate:
             tg.cancel_scope.cancel()
         if self.starts < MIN_STARTS:
             self.check("M2").gaps.append(
-                f"{self.starts} fresh start(s) run; seed 003 requires at least {MIN_STARTS}"
+                f"{self.starts} fresh start(s) run; "
+                f"the validation procedure requires at least {MIN_STARTS}"
             )
         if self.waves < MIN_WAVES:
             self.check("M3").gaps.append(
-                f"{self.waves} warm wave(s) per start; seed 003 requires at least {MIN_WAVES}"
+                f"{self.waves} warm wave(s) per start; "
+                f"the validation procedure requires at least {MIN_WAVES}"
             )

@@ -13,9 +13,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
-PROCEDURE = "seed 003, procedure version 2026-10-04"
-MIN_STARTS = 3  # seed 003 M2: at least three fresh starts per count
-MIN_WAVES = 10  # seed 003 M3: ten mixed warm waves per start at the largest count
+PROCEDURE = "model validation procedure, version 2026-10-04 (docs/validation.md)"
+MIN_STARTS = 3  # the procedure's M2: at least three fresh starts per count
+MIN_WAVES = 10  # the procedure's M3: ten mixed warm waves per start at the largest count
 # M5, declared before any measurement: after the first half of a start's warm
 # waves, RSS may still rise by at most this much; more is unexplained growth.
 GROWTH_TOLERANCE_BYTES = 16 * 1024 * 1024
