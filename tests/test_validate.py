@@ -1,5 +1,5 @@
-"""``voxpool validate``: the validation procedure's gate on the real silero_vad runtime, and that it catches a
-bad slot."""
+"""``voxpool validate``: the validation procedure's gate on the real silero_vad runtime, and
+that it catches a bad slot."""
 
 from __future__ import annotations
 
