@@ -21,9 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -31,11 +29,10 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import anyio
-import httpx
 
 from core.events import TraceRecord
 from server.runtime.ports import ModelProvider, ModelSpec
-from tests.server.live import ROOT, LiveServer
+from tests.server.live import LiveServer
 
 T = TypeVar("T")
 POLL_S = 0.005
@@ -244,44 +241,12 @@ class GatedServer(LiveServer):
         self.trace_path = self.gate_dir / "trace.jsonl"
         self.extra = ("--trace", str(self.trace_path))
 
+    def entry(self) -> list[str]:
+        """``voxpool`` with the gated provider (:func:`main`), gates in :attr:`gate_dir`."""
+        return ["tests.server.gated", str(self.gate_dir)]
+
     def start(self, timeout: float = 90.0) -> GatedServer:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as LiveServer: slots are the parallelism
-        env.pop("VOXPOOL_MANAGEMENT_TOKEN", None)
-        cmd = [
-            sys.executable,
-            "-m",
-            "tests.server.gated",
-            str(self.gate_dir),
-            "serve",
-            "--parallel-jobs",
-            "--config",
-            str(self.config),
-            "--port",
-            str(self.port),
-            *self.extra,
-        ]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-
-        def healthy() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                return httpx.get(self.url + "/health", timeout=2.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        try:
-            wait_until("the server to answer /health", healthy, timeout)
-        except AssertionError:
-            self.stop()
-            raise RuntimeError(
-                f"server did not become healthy in {timeout}s:\n{self.log()}"
-            ) from None
+        super().start(timeout)
         return self
 
     def stop(self, timeout: float = 60.0) -> int:

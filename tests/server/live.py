@@ -61,7 +61,7 @@ class LiveServer:
         cmd = [
             sys.executable,
             "-m",
-            "server.cli",
+            *self.entry(),
             "serve",
             "--parallel-jobs",
             "--config",
@@ -86,6 +86,10 @@ class LiveServer:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server did not become healthy in {timeout}s:\n{self.log()}")
+
+    def entry(self) -> list[str]:
+        """The module that runs ``voxpool`` (and its leading arguments): the real CLI."""
+        return ["server.cli"]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
