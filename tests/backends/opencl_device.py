@@ -16,23 +16,17 @@ Use from a test module::
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
 
-
-def under_ci() -> bool:
-    """Whether ``CI=true``: then the OpenCL tests must run, never skip."""
-    return os.environ.get("CI", "").strip().lower() == "true"
+from tests import ci
 
 
 def skip_or_fail(reason: str, *, module_level: bool = False) -> NoReturn:
-    """Skip with ``reason``, or fail with it under ``CI=true``."""
-    if under_ci():
-        pytest.fail(f"CI=true requires a working OpenCL device: {reason}", pytrace=False)
-    pytest.skip(reason, allow_module_level=module_level)
+    """Skip with ``reason``, or fail with it under ``CI=true`` (:mod:`tests.ci`)."""
+    ci.skip_or_fail(reason, needs="a working OpenCL device", module_level=module_level)
 
 
 def import_pyopencl() -> ModuleType:
@@ -64,7 +58,7 @@ def needs_working_device() -> pytest.MarkDecorator:
     for ``pytestmark``, requests the ``opencl_device`` fixture of tests/backends/conftest.py).
     """
     reason = unavailable_reason()
-    if reason is not None and not under_ci():
+    if reason is not None and not ci.under_ci():
         pytest.skip(reason, allow_module_level=True)
     return pytest.mark.usefixtures("opencl_device")
 

@@ -17,6 +17,7 @@ import attrs
 import httpx
 import pytest
 
+from tests.ci import skip_or_fail
 from tests.reliability.cases import MIB, Limits, Load, fmt, memory_bound, noise_wav, riff
 from tests.server.live import HELLO_WAV, LiveServer, b64
 
@@ -219,7 +220,7 @@ def warm(reliability_server: LiveServer, rel: httpx.Client) -> Iterator[int]:
     try:
         reset_peak(reliability_server.proc.pid)
     except OSError as exc:  # not Linux, or /proc without clear_refs
-        pytest.skip(f"peak memory cannot be reset here: {exc}")
+        skip_or_fail(f"peak memory cannot be reset here: {exc}", needs="/proc/<pid>/clear_refs")
     yield reliability_server.proc.pid
     print("\nmemory at the limits (peak over the resident size before the request, and the bound):")
     print("\n".join(FIGURES))

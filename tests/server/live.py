@@ -208,3 +208,13 @@ LONG_TEXT = (
     "A long sentence keeps one slot busy for a while."
 )
 """Three sentences: long enough to hold a slot while a test looks at the counters."""
+
+
+def closed_by_server(s: socket.socket) -> str:
+    """Wait until the server ends the connection: 'eof' or 'reset' (data before it is discarded)."""
+    try:
+        while s.recv(65536):
+            pass
+    except ConnectionResetError:
+        return "reset"
+    return "eof"

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.live import LiveServer, assert_error
+from tests.server.live import LiveServer, assert_error, closed_by_server
 
 GUARD_S = 120.0
 """Hang guard for any wait (model loads and syntheses on a busy 2-core machine)."""
@@ -104,16 +104,6 @@ def stalled_stream(port: int, model: str, options: dict[str, Any]) -> socket.soc
     return s
 
 
-def ended_by_server(s: socket.socket) -> str:
-    """Read until the server ends the connection: 'eof' or 'reset'."""
-    try:
-        while s.recv(65536):
-            pass
-    except ConnectionResetError:
-        return "reset"
-    return "eof"
-
-
 def aborted(server: LiveServer, kind: str) -> float:
     text = httpx.get(server.url + "/metrics", timeout=10).text
     match = re.search(rf'^voxpool_connections_aborted_total{{kind="{kind}"}} (\S+)$', text, re.M)
@@ -143,7 +133,7 @@ def test_a_stream_client_that_stops_reading_loses_its_slot_and_the_slot_is_reuse
         released = time.monotonic() - asked
         assert released >= WRITE_S
         assert aborted(server, "write") == before + 1
-        assert ended_by_server(s) == "reset"  # aborted, not politely ended
+        assert closed_by_server(s) == "reset"  # aborted, not politely ended
     finally:
         s.close()
     # the slot is free for the next request at once
@@ -164,8 +154,8 @@ def test_a_half_sent_body_and_a_half_sent_head_are_closed_after_their_deadlines(
         t0 = time.monotonic()
         body.sendall(post("/v1/audio/speech", b'{"model": "tts1", "input": "Hello there."}')[:-10])
         head.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-")
-        assert ended_by_server(body) == "reset"
-        assert ended_by_server(head) == "reset"
+        assert closed_by_server(body) == "reset"
+        assert closed_by_server(head) == "reset"
         assert time.monotonic() - t0 >= min(BODY_S, HEADER_S)
     assert aborted(server, "body") == body_before + 1
     assert aborted(server, "header") == header_before + 1
@@ -274,8 +264,8 @@ def test_sigterm_with_stalled_clients_exits_0_after_the_shutdown_deadline(
         assert code == 0, live.log()[-3000:]
         assert exited >= shutdown_s
         for s in (stream, body):
-            assert ended_by_server(s) == "reset"
-        assert ended_by_server(head) in ("reset", "eof")  # closed at once when shutdown starts
+            assert closed_by_server(s) == "reset"
+        assert closed_by_server(head) in ("reset", "eof")  # closed at once when shutdown starts
         log = live.log()
         assert "shutting down" in log
         match = re.search(r"aborted at shutdown_timeout_s=2: (\d+)", log)

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.types import Receive, Scope, Send
 
 from server.http.listener import AbortKind, Deadlines, HttpServer, bind
+from tests.server.live import closed_by_server
 
 T = TypeVar("T")
 GUARD_S = 30.0
@@ -120,16 +121,6 @@ def roundtrip(port: int, data: bytes) -> bytes:
     with connect(port) as s:
         s.sendall(data)
         return read_all(s)
-
-
-def closed_by_server(s: socket.socket) -> str:
-    """Wait until the server ends the connection: 'eof' or 'reset' (data before it is discarded)."""
-    try:
-        while s.recv(65536):
-            pass
-    except ConnectionResetError:
-        return "reset"
-    return "eof"
 
 
 def json_body(response: bytes) -> Any:

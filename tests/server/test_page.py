@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ci import skip_or_fail
 from tests.server.gated import HANG_GUARD_S, GatedServer, serving, wait_until
 from tests.server.live import HELLO_WAV, LiveServer, in_thread
 
@@ -63,10 +64,6 @@ CONFIG = {
 """The embedded default of ``voxpool serve --parallel-jobs``: three models, two slots each."""
 
 
-def under_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
-
-
 def browser_or_skip() -> tuple[str, str]:
     """Chromium's and chromedriver's paths; skips (fails under ``CI=true``) without them."""
     chromium = (
@@ -86,9 +83,7 @@ def browser_or_skip() -> tuple[str, str]:
         missing.append("selenium (pip install -e '.[test]')")
     if missing or chromium is None or driver is None:
         reason = "the headless Chromium page test needs " + ", ".join(missing)
-        if under_ci():
-            pytest.fail(f"CI=true requires it: {reason}", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(reason, needs="Chromium, chromedriver and selenium")
     return chromium, driver
 
 
