@@ -19,6 +19,7 @@ batch axis); only the LSTM walks through time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -32,6 +33,7 @@ CONTEXT: Final = 64
 WINDOW: Final = CHUNK + CONTEXT
 HIDDEN: Final = 128
 ENCODE_BLOCK: Final = 256  # windows per encoder pass
+STREAM_BLOCK: Final = 8  # chunks encoded together while streaming, and per batched step (256 ms)
 _HOP: Final = 128
 _TAPS: Final = 256
 _FRAMES: Final = 4
@@ -116,6 +118,28 @@ def forward(
     steps, batch = windows.shape[0], windows.shape[1]
     feats = encode_all(be, w, be.reshape(windows, (steps * batch, WINDOW)))
     return recur(be, w, be.reshape(feats, (steps, batch, HIDDEN)), h, c)
+
+
+def time_major(frames: Sequence[np.ndarray], steps: int) -> np.ndarray:
+    """Members' windows ``[n_i, 576]`` -> ``[steps, len(frames), 576]``, zero-padded at the end.
+
+    A member's padded steps come after its last real chunk, so (the LSTM walking
+    forward in time) they never influence its kept probabilities.
+    """
+    windows = np.zeros((steps, len(frames), WINDOW), np.float32)
+    for j, f in enumerate(frames):
+        windows[: len(f), j] = f
+    return windows
+
+
+def stream_frames(data: np.ndarray, final: bool, context: np.ndarray) -> np.ndarray:
+    """The windows a stream processes from ``data`` (its pending samples, then new audio).
+
+    Every whole chunk, plus (``final`` only) the zero-padded partial chunk at the end;
+    a partial chunk of a non-final piece stays pending.
+    """
+    n = len(data) // CHUNK + (1 if final and len(data) % CHUNK else 0)
+    return frame(data[: n * CHUNK], context)
 
 
 def frame(audio: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:

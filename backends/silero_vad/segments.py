@@ -121,3 +121,22 @@ class StreamTrigger:
             return None
         self.triggered, self.temp_end = False, 0
         return VadEvent("end", int(num_samples))
+
+
+def chunk_events(
+    trigger: StreamTrigger, prob: float, chunk_end: int, total: int, last: bool
+) -> tuple[VadEvent, ...]:
+    """The events of one streamed chunk ending at sample ``chunk_end``, in order.
+
+    The trigger's step, then, on the ``last`` chunk of a final stream, the close of
+    an open segment; every sample is clipped to ``total`` (the samples received so far).
+    """
+    events = []
+    event = trigger.step(prob, chunk_end)
+    if event is not None:
+        events.append(event)
+    if last:
+        closing = trigger.close(total)
+        if closing is not None:
+            events.append(closing)
+    return tuple(attrs.evolve(e, sample=min(e.sample, total)) for e in events)

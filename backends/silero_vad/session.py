@@ -17,8 +17,15 @@ import numpy as np
 from backends.base import Array, ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
 from backends.silero_vad import model
-from backends.silero_vad.segments import StreamTrigger, speech_segments
-from backends.silero_vad.types import VadChunk, VadEvent, VadOptions, VadRequest, VadResult
+from backends.silero_vad.batched import SileroVadEngine
+from backends.silero_vad.segments import StreamTrigger, chunk_events, speech_segments
+from backends.silero_vad.types import (
+    VadChunk,
+    VadOptions,
+    VadRequest,
+    VadResult,
+    checked_request,
+)
 from backends.silero_vad.weights import SileroWeights
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
 
@@ -26,7 +33,6 @@ FAMILY: Final = "silero_vad"
 TASK: Final = "vad"
 MODES: Final = ("offline", "streaming")
 INTERFACES: Final = frozenset({Interface.OFFLINE, Interface.STREAMING, Interface.BATCH})
-STREAM_BLOCK: Final = 8  # received chunks encoded together while streaming (256 ms)
 
 
 @attrs.define
@@ -75,18 +81,15 @@ class SileroVadSession(HasIdentity):
         their last real chunk, so they never influence the kept probabilities.
         """
         self._check_open()
-        reqs = [_checked(r, offline=True) for r in requests]
+        reqs = [checked_request(r, offline=True) for r in requests]
         if not reqs:
             return []
         frames = [model.frame(r.audio) for r in reqs]
         steps = max(len(f) for f in frames)
         probs = np.zeros((steps, len(reqs)), np.float32)
         if steps:
-            windows = np.zeros((steps, len(reqs), model.WINDOW), np.float32)
-            for j, f in enumerate(frames):
-                windows[: len(f), j] = f
             zeros = self.backend.zeros((len(reqs), model.HIDDEN))
-            probs = self._forward(windows, zeros, zeros)[0]
+            probs = self._forward(model.time_major(frames, steps), zeros, zeros)[0]
         results = []
         for j, (r, f) in enumerate(zip(reqs, frames, strict=True)):
             p = np.array(probs[: len(f), j], dtype=np.float32)
@@ -97,7 +100,7 @@ class SileroVadSession(HasIdentity):
     def stream(self, request: VadRequest) -> Iterator[VadChunk]:
         """Yield one :class:`VadChunk` per 512-sample chunk, computed as it is pulled."""
         self._check_open()
-        req = _checked(request, offline=False)
+        req = checked_request(request, offline=False)
         if not req.continue_stream or self._stream is None:
             self._stream = _StreamState.fresh(self.backend, req.options)
         else:
@@ -105,7 +108,7 @@ class SileroVadSession(HasIdentity):
         return self._stream_chunks(self._stream, req)
 
     def _stream_chunks(self, st: _StreamState, req: VadRequest) -> Iterator[VadChunk]:
-        """Encode up to ``STREAM_BLOCK`` received chunks at once, then step the LSTM per chunk.
+        """Encode ``model.STREAM_BLOCK`` received chunks at a time; step the LSTM per chunk.
 
         Encoding is per window, so blocking changes no result; the state is
         updated chunk by chunk, so a stream dropped half-way can be continued.
@@ -113,11 +116,11 @@ class SileroVadSession(HasIdentity):
         be, w = self.backend, self.weights
         data = np.concatenate([st.pending, req.audio])
         total = st.position + len(data)
-        n = len(data) // model.CHUNK + (1 if req.final and len(data) % model.CHUNK else 0)
-        windows = model.frame(data[: n * model.CHUNK], st.context)
+        windows = model.stream_frames(data, req.final, st.context)
+        n = len(windows)
         st.pending = data
-        for lo in range(0, n, STREAM_BLOCK):
-            hi = min(lo + STREAM_BLOCK, n)
+        for lo in range(0, n, model.STREAM_BLOCK):
+            hi = min(lo + model.STREAM_BLOCK, n)
             feats = model.encode_all(be, w, be.to_device(windows[lo:hi]))
             for j in range(lo, hi):
                 feat = be.reshape(be.slice(feats, 0, j - lo, j - lo + 1), (1, 1, model.HIDDEN))
@@ -128,16 +131,9 @@ class SileroVadSession(HasIdentity):
                 start = st.position
                 st.position += model.CHUNK
                 st.index += 1
-                events = []
-                event = st.trigger.step(prob, st.position)
-                if event is not None:
-                    events.append(event)
-                if req.final and j == n - 1:
-                    closing = st.trigger.close(total)
-                    if closing is not None:
-                        events.append(closing)
-                clipped = tuple(_clip(e, total) for e in events) if events else ()
-                yield VadChunk(st.index - 1, start, prob, clipped)
+                last = req.final and j == n - 1
+                events = chunk_events(st.trigger, prob, st.position, total, last)
+                yield VadChunk(st.index - 1, start, prob, events)
         st.pending = data[n * model.CHUNK :].copy()
 
     def _forward(self, windows: np.ndarray, h: Array, c: Array) -> tuple[np.ndarray, Array, Array]:
@@ -160,18 +156,6 @@ class SileroVadSession(HasIdentity):
             raise RuntimeError("silero_vad: session is closed")
 
 
-def _clip(event: VadEvent, total: int) -> VadEvent:
-    return attrs.evolve(event, sample=min(event.sample, total))
-
-
-def _checked(request: object, offline: bool) -> VadRequest:
-    if not isinstance(request, VadRequest):
-        raise TypeError(f"silero_vad: expected a VadRequest, got {type(request).__name__}")
-    if offline and (request.continue_stream or not request.final):
-        raise ValueError("silero_vad: continue_stream/final=False apply to stream() only")
-    return request
-
-
 class SileroVadFactory(HasIdentity):
     """A loaded Silero VAD: weights uploaded once, shared by up to 16 sessions."""
 
@@ -189,6 +173,10 @@ class SileroVadFactory(HasIdentity):
 
     def create(self) -> SileroVadSession:
         return SileroVadSession(session_backend(self.backend), self.weights, self.mode)
+
+    def engine(self, max_batch: int) -> SileroVadEngine:
+        """A batched executor: up to ``max_batch`` requests advance in one LSTM forward per step."""
+        return SileroVadEngine(session_backend(self.backend), self.weights, max_batch)
 
     def clone(self, primary: object) -> SileroVadSession:
         if not isinstance(primary, SileroVadSession) or primary.weights is not self.weights:

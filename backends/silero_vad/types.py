@@ -80,6 +80,16 @@ class VadRequest:
     final: bool = True
 
 
+def checked_request(request: object, offline: bool) -> VadRequest:
+    """``request`` if it is a :class:`VadRequest` valid for ``run``/``batch`` (``offline``)
+    or ``stream``; raises TypeError or ValueError otherwise."""
+    if not isinstance(request, VadRequest):
+        raise TypeError(f"silero_vad: expected a VadRequest, got {type(request).__name__}")
+    if offline and (request.continue_stream or not request.final):
+        raise ValueError("silero_vad: continue_stream/final=False apply to stream() only")
+    return request
+
+
 @attrs.frozen
 class SpeechSegment:
     """A speech segment in samples (end exclusive) and seconds."""

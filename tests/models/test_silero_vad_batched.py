@@ -1,0 +1,221 @@
+"""Silero VAD's batched engine (#14) against the unbatched session.
+
+Probabilities within 1e-5 of ``Session.run`` / ``Session.stream``, identical segments
+and events; members join between steps, fail alone, leave and have their keys reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.silero_vad import (
+    SileroVadFactory,
+    VadChunk,
+    VadOptions,
+    VadRequest,
+    VadResult,
+    load_factory,
+)
+from backends.silero_vad.batched import STEP_CHUNKS
+from core.engine import BatchEngine, BatchingFactory, Emitted, Member
+from tests.models.silero_vad_reference import fixture
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def factory() -> SileroVadFactory:
+    return load_factory()
+
+
+@pytest.fixture(scope="module")
+def clip() -> np.ndarray:
+    return np.array(fixture()[0])
+
+
+def _requests(clip: np.ndarray) -> list[VadRequest]:
+    """Members of different lengths (one chunk to the whole clip) and options."""
+    noise = np.random.default_rng(3).normal(0, 0.02, 5 * 16000).astype(np.float32)
+    return [
+        VadRequest(clip),
+        VadRequest(clip[: 3 * 16000 + 77], options=VadOptions(threshold=0.3)),
+        VadRequest(noise),
+        VadRequest(np.float32(0.4) * clip[::-1].copy(), options=VadOptions(speech_pad_ms=0)),
+        VadRequest(clip[100:700]),
+        VadRequest(clip[: 512 * STEP_CHUNKS]),
+    ]
+
+
+def _drive(engine: BatchEngine, arrivals: dict[int, Sequence[Member]]) -> dict[int, list[Emitted]]:
+    """Join ``arrivals[s]`` before step ``s``, step every active member, leave the finished.
+
+    Returns every member's :class:`Emitted` entries (join included), by key.
+    """
+    seen: dict[int, list[Emitted]] = {}
+    active: list[int] = []
+    step = 0
+    while active or any(s >= step for s in arrivals):
+        for emitted in engine.join(arrivals.get(step, ())):
+            seen.setdefault(emitted.key, []).append(emitted)
+            if not (emitted.done or emitted.error):
+                active.append(emitted.key)
+            else:
+                engine.leave(emitted.key)
+        if active:
+            for emitted in engine.step(active):
+                seen[emitted.key].append(emitted)
+                if emitted.done or emitted.error:
+                    active.remove(emitted.key)
+                    engine.leave(emitted.key)
+        step += 1
+    return seen
+
+
+def _chunks(entries: list[Emitted]) -> list[Any]:
+    assert all(e.error is None for e in entries)
+    assert [e.done for e in entries].count(True) == 1 and entries[-1].done
+    return [c for e in entries for c in e.chunks]
+
+
+def _same_result(ours: VadResult, theirs: VadResult) -> None:
+    assert ours.probabilities.dtype == np.float32
+    assert ours.probabilities.shape == theirs.probabilities.shape
+    assert np.abs(ours.probabilities - theirs.probabilities).max(initial=0) <= TOLERANCE
+    assert ours.segments == theirs.segments
+    assert ours.num_samples == theirs.num_samples
+
+
+def _same_chunks(ours: list[VadChunk], theirs: list[VadChunk]) -> None:
+    assert [(c.index, c.start, c.events) for c in ours] == [
+        (c.index, c.start, c.events) for c in theirs
+    ]
+    pairs = zip(ours, theirs, strict=True)
+    assert all(abs(a.probability - b.probability) <= TOLERANCE for a, b in pairs)
+
+
+def test_factory_offers_an_engine(factory: SileroVadFactory) -> None:
+    assert isinstance(factory, BatchingFactory)
+    engine = factory.engine(4)
+    assert isinstance(engine, BatchEngine) and engine.max_batch == 4
+    with pytest.raises(ValueError, match="max_batch"):
+        factory.engine(0)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "stream"])
+def test_all_members_together_equal_the_session(
+    factory: SileroVadFactory, clip: np.ndarray, stream: bool
+) -> None:
+    requests = _requests(clip)
+    engine = factory.engine(len(requests))
+    seen = _drive(engine, {0: [Member(k, r, stream) for k, r in enumerate(requests)]})
+    session = factory.create()
+    for key, request in enumerate(requests):
+        chunks = _chunks(seen[key])
+        if stream:
+            _same_chunks(chunks, list(session.stream(request)))
+        else:
+            assert len(chunks) == 1
+            _same_result(chunks[0], session.run(request))
+    # the longest member took ceil(chunks / 8) steps: 8 chunks per member per step
+    chunks = -(-len(clip) // 512)
+    assert len(seen[0]) - 1 == -(-chunks // STEP_CHUNKS)
+
+
+def test_members_join_mid_decode_and_keys_are_reused(
+    factory: SileroVadFactory, clip: np.ndarray
+) -> None:
+    """Members arrive at different steps, some while others are mid-way; a freed key returns."""
+    requests = _requests(clip)
+    engine = factory.engine(3)
+    arrivals = {
+        0: [Member(0, requests[0], False), Member(1, requests[4], True)],
+        1: [Member(1, requests[1], True)],  # key 1 left after step 0 (one chunk), reused
+        3: [Member(2, requests[3], False)],
+    }
+    seen = _drive(engine, arrivals)
+    session = factory.create()
+    _same_result(_chunks(seen[0])[0], session.run(requests[0]))
+    first, second = seen[1][:2], seen[1][2:]  # key 1: the short stream, then its reuse
+    _same_chunks(_chunks(first), list(session.stream(requests[4])))
+    _same_chunks(_chunks(second), list(session.stream(requests[1])))
+    _same_result(_chunks(seen[2])[0], session.run(requests[3]))
+
+
+def test_a_failing_member_does_not_disturb_the_others(
+    factory: SileroVadFactory, clip: np.ndarray
+) -> None:
+    requests = _requests(clip)
+    engine = factory.engine(4)
+    bad_run = VadRequest(clip[:2000], final=False)  # final=False is for streams only
+    arrivals = {
+        0: [
+            Member(0, requests[0], False),
+            Member(1, "not a request", False),
+            Member(2, bad_run, False),
+            Member(3, requests[2], True),
+        ],
+    }
+    seen = _drive(engine, arrivals)
+    session = factory.create()
+    with pytest.raises(TypeError) as type_error:
+        session.run("not a request")  # type: ignore[arg-type]
+    with pytest.raises(ValueError) as value_error:
+        session.run(bad_run)
+    for key, expected in ((1, type_error.value), (2, value_error.value)):
+        (entry,) = seen[key]
+        assert type(entry.error) is type(expected) and str(entry.error) == str(expected)
+        assert not entry.chunks
+    _same_result(_chunks(seen[0])[0], session.run(requests[0]))
+    _same_chunks(_chunks(seen[3]), list(session.stream(requests[2])))
+
+
+def test_a_key_in_use_or_out_of_range_is_refused(
+    factory: SileroVadFactory, clip: np.ndarray
+) -> None:
+    engine = factory.engine(2)
+    request = VadRequest(clip[:4000])  # 8 chunks: one step
+    (joined,) = engine.join([Member(0, request, False)])
+    assert joined.error is None
+    in_use, out_of_range = engine.join([Member(0, request, False), Member(2, request, False)])
+    assert isinstance(in_use.error, ValueError) and isinstance(out_of_range.error, ValueError)
+    (done,) = engine.step([0])  # the first member is untouched
+    assert done.done
+    _same_result(done.chunks[0], factory.create().run(request))
+
+
+def test_empty_audio_is_done_at_join(factory: SileroVadFactory) -> None:
+    engine = factory.engine(2)
+    empty = VadRequest(np.zeros(0, np.float32))
+    run, stream = engine.join([Member(0, empty, False), Member(1, empty, True)])
+    assert run.done and stream.done and not stream.chunks
+    (result,) = run.chunks
+    _same_result(result, factory.create().run(empty))
+
+
+def test_a_non_final_stream_keeps_its_partial_chunk(
+    factory: SileroVadFactory, clip: np.ndarray
+) -> None:
+    request = VadRequest(clip[: 512 * 20 + 300], final=False)
+    seen = _drive(factory.engine(1), {0: [Member(0, request, True)]})
+    chunks = _chunks(seen[0])
+    assert len(chunks) == 20
+    _same_chunks(chunks, list(factory.create().stream(request)))
+
+
+def test_leave_forgets_the_member(factory: SileroVadFactory, clip: np.ndarray) -> None:
+    engine = factory.engine(1)
+    request = VadRequest(clip)
+    engine.join([Member(0, request, True)])
+    first = engine.step([0])
+    assert len(first[0].chunks) == STEP_CHUNKS and not first[0].done
+    engine.leave(0)
+    engine.leave(0)  # unknown key: a no-op
+    (after,) = engine.step([0])
+    assert isinstance(after.error, KeyError)
+    seen = _drive(engine, {0: [Member(0, request, True)]})  # the key again: a fresh stream
+    _same_chunks(_chunks(seen[0]), list(factory.create().stream(request)))
+    engine.close()
