@@ -38,7 +38,7 @@ from core.lifecycle import (
     WaitLoad,
 )
 from core.policy import overrun
-from core.recorder import Core, describe_wakeups
+from core.recorder import Core, wakeup_fields
 from core.residency import RoomDecision
 from server.runtime.management import Management
 from server.runtime.ports import ModelSpec
@@ -225,13 +225,8 @@ def _release_without_use(self: Core, model: str, ticket: int, now: float) -> Any
     """Report 1: a released request lease does not count as use; the idle clock and LRU
     order keep the *start* of the last use (``Core.release`` without its touch)."""
     r = self.entry(model).admission.release(ticket, now)
-    self._record(
-        now,
-        model,
-        "release",
-        {"ticket": ticket},
-        ("double " if r.double else "") + describe_wakeups(r.wakeups),
-    )
+    fields = {"double": r.double, "used": False, **wakeup_fields(r.wakeups)}
+    self._record(now, model, "release", {"ticket": ticket}, fields)
     return r
 
 
