@@ -37,7 +37,10 @@ JSON_ROUTES = (
     "/v1/models/unload",
     "/v1/tasks/unload_models",
 )
+PAGE = ("/", "/page/app.js", "/page/style.css")
+"""The web page and its assets (server/http/app.py ``PAGE_FILES``)."""
 ROUTES = {
+    **{path: "GET" for path in PAGE},
     "/health": "GET",
     "/v1/models": "GET",
     "/metrics": "GET",
@@ -615,6 +618,7 @@ def route_cases() -> list[Case]:
                 "/%00",
                 "/" + "a" * 5000,
                 "/v1/models/piper",
+                "/page/missing.js",
             )
         )
     ]
