@@ -267,12 +267,35 @@ def add_word_timestamps(
 
     Moves the pieces' start/end to their words by its rules; returns the new last speech time.
     """
+    text_tokens = window_text_tokens(pieces, tok)
+    aligned = align(text_tokens, num_frames) if text_tokens else None
+    return place_words(
+        pieces, tok, aligned, seek, last_speech_timestamp, prepend_punctuations, append_punctuations
+    )
+
+
+def window_text_tokens(pieces: Sequence[Piece], tok: WhisperTokenizer) -> list[int]:
+    """The text tokens of one window's pieces, in order: what the aligning pass aligns."""
+    return [t for piece in pieces for t in piece.tokens if t < tok.eot]
+
+
+def place_words(
+    pieces: list[Piece],
+    tok: WhisperTokenizer,
+    aligned: TokenAlignment | None,
+    seek: int,
+    last_speech_timestamp: float,
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+    append_punctuations: str = APPEND_PUNCTUATIONS,
+) -> float:
+    """:func:`add_word_timestamps` given the aligning pass's output for
+    :func:`window_text_tokens` (``None`` when there is no text token)."""
     if not pieces:
         return last_speech_timestamp
     per_piece = [[t for t in piece.tokens if t < tok.eot] for piece in pieces]
     text_tokens = [t for tokens in per_piece for t in tokens]
     alignment = (
-        find_alignment(tok, text_tokens, align(text_tokens, num_frames)) if text_tokens else []
+        find_alignment(tok, text_tokens, aligned) if text_tokens and aligned is not None else []
     )
     durations = np.array([w.end - w.start for w in alignment])
     durations = durations[durations.nonzero()]

@@ -19,19 +19,24 @@ temperature 0, as faster-whisper calls it:
   the score; decoding stops at ``<|endoftext|>`` or after
   ``min(224, 448 - prompt length)`` steps.
 
-At a temperature above 0 (:func:`sample_decode`) the same masks apply; the token
+At a temperature above 0 (:func:`sample_steps`) the same masks apply; the token
 is drawn from ``softmax(log_probs / temperature)`` (CTranslate2's
 ``RandomSampler`` with ``sampling_topk=0``) by a seeded numpy ``Generator``, and
 the score still adds the unscaled log-probability. ``best_of`` candidates are
 drawn one after another from the same prompt; the one with the best
 length-normalised score (sum / tokens, CTranslate2's ``length_penalty=1``) wins.
+
+Decoding is written as a program (a generator) that yields one :class:`Step` per
+token and is sent that step's logits, so that whoever runs the decoder (one
+session, or a batched engine advancing many programs in one forward) applies
+exactly these rules.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 
 import attrs
 import numpy as np
@@ -154,14 +159,24 @@ def temperature_sampler(temperature: float, rng: np.random.Generator) -> Choose:
     return choose
 
 
+@attrs.frozen
+class Step:
+    """Feed ``token`` at the next decoder position; the answer is its float32 logits ``[V]``."""
+
+    token: int
+
+
+DecodeSteps = Generator[Step, np.ndarray, WindowResult]
+"""Decoding as a program: yields :class:`Step` s, is sent each step's logits, returns the result."""
+
+
 def _decode(
-    step_logits: Callable[[int, int], np.ndarray],
     tok: WhisperTokenizer,
     vocab_size: int,
     prompt_length: int,
     options: DecodeOptions,
     choose: Choose,
-) -> WindowResult:
+) -> DecodeSteps:
     rules = TimestampRules(tok, vocab_size, options.max_initial_timestamp_index)
     start_step = prompt_length - 1
     max_steps = min(MAX_LENGTH // 2, MAX_LENGTH - start_step)
@@ -173,7 +188,7 @@ def _decode(
     no_speech_prob = 0.0
     token = tok.sot_sequence[-1]
     for step in range(max_steps):
-        logits = np.array(step_logits(token, step), dtype=np.float32)
+        logits = np.array((yield Step(token)), dtype=np.float32)
         if step == 0:
             probs = np.exp(_log_softmax(logits))
             no_speech_prob = float(probs[tok.no_speech])
@@ -194,38 +209,28 @@ def _decode(
     return WindowResult(generated, sum_logprob, no_speech_prob, top2)
 
 
-def greedy_decode(
-    step_logits: Callable[[int, int], np.ndarray],
-    tok: WhisperTokenizer,
-    vocab_size: int,
-    prompt_length: int,
-    options: DecodeOptions,
-) -> WindowResult:
-    """Decode one window. ``step_logits(token, step)`` feeds one token, returns float32 logits [V].
+def greedy_steps(
+    tok: WhisperTokenizer, vocab_size: int, prompt_length: int, options: DecodeOptions
+) -> DecodeSteps:
+    """Decode one window greedily, one :class:`Step` at a time.
 
-    The prompt minus its last token must already be in the decoder cache.
+    The prompt minus its last token must already be in the decoder cache; the
+    first step feeds the prompt's last token (``<|startoftranscript|>``).
     """
-    return _decode(step_logits, tok, vocab_size, prompt_length, options, _argmax)
+    return _decode(tok, vocab_size, prompt_length, options, _argmax)
 
 
-def sample_decode(
-    step_logits: Callable[[int, int], np.ndarray],
+def sample_steps(
     tok: WhisperTokenizer,
     vocab_size: int,
     prompt_length: int,
     options: DecodeOptions,
     temperature: float,
     rng: np.random.Generator,
-) -> WindowResult:
-    """One sampled candidate at ``temperature`` (same contract as :func:`greedy_decode`)."""
-    result = _decode(
-        step_logits,
-        tok,
-        vocab_size,
-        prompt_length,
-        options,
-        temperature_sampler(temperature, rng),
-    )
+) -> DecodeSteps:
+    """One sampled candidate at ``temperature`` (same contract as :func:`greedy_steps`)."""
+    choose = temperature_sampler(temperature, rng)
+    result = yield from _decode(tok, vocab_size, prompt_length, options, choose)
     return attrs.evolve(result, temperature=temperature)
 
 

@@ -17,12 +17,17 @@ the last temperature tried (which decides ``prompt_reset_on_temperature``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import attrs
 
 from backends.whisper.decoding import WindowResult, compression_ratio
 from backends.whisper.tokenizer import WhisperTokenizer
+
+Y = TypeVar("Y")
+S = TypeVar("S")
+T = TypeVar("T")
 
 DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 TEMPERATURE_INCREMENT = 0.2
@@ -59,17 +64,27 @@ class FallbackOptions:
 Generate = Callable[[float], WindowResult]
 """Decode the current window after the current prompt at one temperature."""
 
+GenerateSteps = Callable[[float], Generator[Y, S, WindowResult]]
+""":data:`Generate` as a program: its model operations are yielded to the caller's driver."""
+
 
 def generate_with_fallback(
     generate: Generate, tok: WhisperTokenizer, options: FallbackOptions
 ) -> WindowResult:
     """Decode at rising temperatures until a result passes; see the module docstring."""
+    return run_now(fallback_steps(lambda temperature: now(generate(temperature)), tok, options))
+
+
+def fallback_steps(
+    generate: GenerateSteps[Y, S], tok: WhisperTokenizer, options: FallbackOptions
+) -> Generator[Y, S, WindowResult]:
+    """:func:`generate_with_fallback` as a program over ``generate`` 's operations."""
     if not options.temperatures:
         raise ValueError("at least one temperature is needed")
     all_results: list[WindowResult] = []
     below_ratio: list[WindowResult] = []
     for temperature in options.temperatures:
-        raw = generate(temperature)
+        raw = yield from generate(temperature)
         ratio = compression_ratio(tok.decode(raw.tokens).strip())
         result = attrs.evolve(raw, temperature=temperature, compression_ratio=ratio)
         all_results.append(result)
@@ -94,3 +109,19 @@ def generate_with_fallback(
             return result
     best = max(below_ratio or all_results, key=lambda r: r.avg_logprob)
     return attrs.evolve(best, temperature=options.temperatures[-1])
+
+
+def now(value: T) -> Generator[Any, Any, T]:
+    """A program that returns ``value`` at once, with no operation."""
+    return value
+    yield  # pragma: no cover  (makes this a generator)
+
+
+def run_now(program: Generator[Any, Any, T]) -> T:
+    """The result of a program that yields no operation."""
+    try:
+        op = next(program)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    raise RuntimeError(f"expected a program without operations, got {op!r}")

@@ -18,14 +18,19 @@ alignment (:mod:`backends.whisper.alignment`), segment times move to their words
 and a window that did not end on a single timestamp is followed by one starting
 at its last word's end, as in faster-whisper.
 
+The loop is written as a program (:func:`transcribe_steps`, a generator yielding
+model operations and windows) so that one session (:func:`transcribe_features`
+over a :class:`WindowModel`) and a batched engine advancing many requests
+together run the same rules.
+
 Floats are computed with the same expressions as faster-whisper so segment
 start/end times compare exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -37,11 +42,12 @@ from backends.whisper.alignment import (
     Piece,
     TokenAlignment,
     Word,
-    add_word_timestamps,
     last_word_end,
+    place_words,
+    window_text_tokens,
 )
 from backends.whisper.decoding import WindowResult, build_prompt
-from backends.whisper.fallback import FallbackOptions, generate_with_fallback
+from backends.whisper.fallback import FallbackOptions, fallback_steps, now
 from backends.whisper.frontend import CHUNK_FRAMES, TIME_PER_FRAME, pad_or_trim
 from backends.whisper.tokenizer import TIME_PRECISION, WhisperTokenizer
 
@@ -154,6 +160,33 @@ def _initial_tokens(tok: WhisperTokenizer, prompt: str | Sequence[int] | None) -
     return [int(t) for t in prompt]
 
 
+@attrs.frozen
+class SetWindow:
+    """Encode one ``[80, 3000]`` mel window; later operations decode against it."""
+
+    mel: np.ndarray
+
+
+@attrs.frozen
+class Align:
+    """Align ``text_tokens`` to the current window's first ``num_frames`` mel frames.
+
+    The answer is a :class:`~backends.whisper.alignment.TokenAlignment`.
+    """
+
+    text_tokens: list[int]
+    num_frames: int
+
+
+GenerateSteps = Callable[[list[int], float], Generator[Any, Any, WindowResult]]
+"""Decode the current window after ``prompt`` at one temperature, as a program."""
+
+TranscribeSteps = Generator[Any, Any, None]
+"""The seek loop as a program: yields :class:`SetWindow`, :class:`Align` and the
+generator's own operations (answered by the driver), and each decoded :class:`Window`
+(answered with ``None``)."""
+
+
 def transcribe_features(
     features: np.ndarray,
     tok: WhisperTokenizer,
@@ -161,6 +194,35 @@ def transcribe_features(
     options: LongformOptions,
 ) -> Iterator[Window]:
     """Yield each decoded window with its segments, in order (none for a skipped window)."""
+
+    def generate(prompt: list[int], temperature: float) -> Generator[Any, Any, WindowResult]:
+        return now(model.generate(prompt, temperature))
+
+    program = transcribe_steps(features, tok, generate, options)
+    answer: Any = None
+    while True:
+        try:
+            item = program.send(answer)
+        except StopIteration:
+            return
+        answer = None
+        if isinstance(item, Window):
+            yield item
+        elif isinstance(item, SetWindow):
+            model.set_window(item.mel)
+        elif isinstance(item, Align):
+            answer = model.align(item.text_tokens, item.num_frames)
+        else:
+            raise TypeError(f"unexpected operation {item!r}")
+
+
+def transcribe_steps(
+    features: np.ndarray,
+    tok: WhisperTokenizer,
+    generate: GenerateSteps,
+    options: LongformOptions,
+) -> TranscribeSteps:
+    """:func:`transcribe_features` as a program (see :data:`TranscribeSteps`)."""
     content_frames = features.shape[-1] - 1
     seek = 0
     all_tokens = _initial_tokens(tok, options.initial_prompt)
@@ -175,13 +237,15 @@ def transcribe_features(
         time_offset = seek * TIME_PER_FRAME
         segment_size = min(CHUNK_FRAMES, content_frames - seek)
         segment_duration = segment_size * TIME_PER_FRAME
-        model.set_window(pad_or_trim(features[:, seek : seek + segment_size]))
+        yield SetWindow(pad_or_trim(features[:, seek : seek + segment_size]))
         prompt = build_prompt(tok, all_tokens[prompt_reset_since:])
 
-        def generate(temperature: float, prompt: list[int] = prompt) -> WindowResult:
-            return model.generate(prompt, temperature)
+        def attempt(
+            temperature: float, prompt: list[int] = prompt
+        ) -> Generator[Any, Any, WindowResult]:
+            return generate(prompt, temperature)
 
-        result = generate_with_fallback(generate, tok, fallback)
+        result = yield from fallback_steps(attempt, tok, fallback)
         if options.no_speech_threshold is not None:
             skip = result.no_speech_prob > options.no_speech_threshold
             if (
@@ -201,11 +265,12 @@ def transcribe_features(
         if options.word_timestamps:
             tokens = result.tokens
             single_ending = len(tokens) >= 2 and tokens[-2] < tok.timestamp_begin <= tokens[-1]
-            add_word_timestamps(
+            text_tokens = window_text_tokens(pieces, tok)
+            aligned = (yield Align(text_tokens, segment_size)) if text_tokens else None
+            place_words(
                 pieces,
                 tok,
-                model.align,
-                segment_size,
+                aligned,
                 previous_seek,
                 last_speech_timestamp,
                 options.prepend_punctuations,

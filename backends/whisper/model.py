@@ -283,7 +283,21 @@ def decode(be: ArrayBackend, w: WhisperWeights, state: DecoderState, tokens: np.
 
     Keys/values are appended to ``state``'s caches; later positions attend causally.
     """
-    hidden, _ = _decode(be, w, state, tokens, ())
+    hidden, _ = _decode(be, w, [state], [tokens], ())
+    return hidden
+
+
+def decode_step(
+    be: ArrayBackend, w: WhisperWeights, states: Sequence[DecoderState], tokens: Sequence[int]
+) -> Array:
+    """One token for each of several independent sequences: final hidden states [M, 1, d].
+
+    Member ``m`` feeds ``tokens[m]`` at the next position of ``states[m]`` (each has
+    its own length, caches and window). Every linear layer is one product over the
+    M stacked rows; attention runs per member, over its own cache and window.
+    """
+    rows = [np.asarray([[token]], dtype=np.int64) for token in tokens]
+    hidden, _ = _decode(be, w, states, rows, ())
     return hidden
 
 
@@ -300,70 +314,106 @@ def decode_with_cross_attention(
     float32 ``[B, len(heads), T, frames]`` in the order of ``heads`` (CTranslate2's
     alignment-head attention, which it requests with unnormalised attention).
     """
-    return _decode(be, w, state, tokens, heads)
+    hidden, attention = _decode(be, w, [state], [tokens], heads)
+    return hidden, attention[0]
+
+
+def _join(be: ArrayBackend, parts: Sequence[Array], axis: int) -> Array:
+    return parts[0] if len(parts) == 1 else be.concat(parts, axis)
+
+
+def _rows(be: ArrayBackend, x: Array, spans: Sequence[tuple[int, int]], m: int) -> Array:
+    """Member ``m``'s rows of the stacked ``x`` (all of it when there is one member)."""
+    lo, hi = spans[m]
+    return x if len(spans) == 1 else be.slice(x, 0, lo, hi)
 
 
 def _decode(
     be: ArrayBackend,
     w: WhisperWeights,
-    state: DecoderState,
-    tokens: np.ndarray,
+    states: Sequence[DecoderState],
+    tokens: Sequence[np.ndarray],
     heads: Sequence[tuple[int, int]],
-) -> tuple[Array, np.ndarray]:
-    batch, steps = tokens.shape
-    start = state.length
-    if start + steps > MAX_TARGET_POSITIONS:
+) -> tuple[Array, list[np.ndarray]]:
+    """Members ``m`` (``tokens[m]`` [B_m, T] after ``states[m]``'s cached positions), stacked.
+
+    Linear layers, norms and the FFN run once over all members' rows; self- and
+    cross-attention run per member. Returns the hidden states [sum B_m, T, d] and,
+    per member, the scores of ``heads`` (see :func:`decode_with_cross_attention`).
+    """
+    steps = tokens[0].shape[1]
+    if any(t.shape[1] != steps for t in tokens):
+        raise ValueError("decoder members must feed the same number of tokens")
+    starts = [state.length for state in states]
+    if any(start + steps > MAX_TARGET_POSITIONS for start in starts):
         raise ValueError("decoder input exceeds 448 positions")
+    spans, total = [], 0
+    for t in tokens:
+        spans.append((total, total + t.shape[0]))
+        total += t.shape[0]
     d, heads_count = w.d_model, w.dec_heads
     scale = 1.0 / math.sqrt(d // heads_count)
-    x = be.transpose(be.take(w.embedding_t, tokens.reshape(-1), axis=1), (1, 0))
-    x = be.add(be.reshape(x, (batch, steps, d)), be.slice(w.dec_pos, 0, start, start + steps))
-    end = start + steps
-    mask = None
-    if steps > 1:
-        rows = np.arange(steps)[:, None] + start
-        cols = np.arange(end)[None, :]
-        mask = be.to_device(np.where(cols > rows, -np.inf, 0.0).astype(np.float32))
+    ids = np.concatenate([t.reshape(-1) for t in tokens])
+    positions = np.concatenate(
+        [np.tile(np.arange(s, s + steps), t.shape[0]) for s, t in zip(starts, tokens, strict=True)]
+    )
+    x = be.transpose(be.take(w.embedding_t, ids, axis=1), (1, 0))
+    x = be.reshape(be.add(x, be.take(w.dec_pos, positions, axis=0)), (total, steps, d))
+    masks: list[Array | None] = []
+    for start in starts:
+        mask = None
+        if steps > 1:
+            rows = np.arange(steps)[:, None] + start
+            cols = np.arange(start + steps)[None, :]
+            mask = be.to_device(np.where(cols > rows, -np.inf, 0.0).astype(np.float32))
+        masks.append(mask)
     for layer_index, head in heads:
         if not (0 <= layer_index < len(w.dec_layers) and 0 <= head < heads_count):
             raise ValueError(f"no cross-attention head {head} in decoder layer {layer_index}")
-    collected: dict[tuple[int, int], np.ndarray] = {}
+    collected: list[dict[tuple[int, int], np.ndarray]] = [{} for _ in states]
     for i, layer in enumerate(w.dec_layers):
         a = layer.self_attn
         h = be.layer_norm(x, a.norm_g, a.norm_b)
         qkv = _linear(be, h, a.w_in, a.b_in)
-        q = _split_heads(be, be.slice(qkv, 2, 0, d), heads_count)
-        be.write_slice(
-            state.self_k[i], 2, start, _split_heads(be, be.slice(qkv, 2, d, 2 * d), heads_count)
-        )
-        be.write_slice(
-            state.self_v[i], 2, start, _split_heads(be, be.slice(qkv, 2, 2 * d, 3 * d), heads_count)
-        )
-        k = be.slice(state.self_k[i], 2, 0, end)
-        v = be.slice(state.self_v[i], 2, 0, end)
-        ctx = _merge_heads(be, be.attention(q, k, v, mask))
-        x = be.add(x, _linear(be, ctx, a.w_out, a.b_out))
+        ctxs = []
+        for m, state in enumerate(states):
+            part, start = _rows(be, qkv, spans, m), starts[m]
+            q = _split_heads(be, be.slice(part, 2, 0, d), heads_count)
+            k_new = _split_heads(be, be.slice(part, 2, d, 2 * d), heads_count)
+            be.write_slice(state.self_k[i], 2, start, k_new)
+            v_new = _split_heads(be, be.slice(part, 2, 2 * d, 3 * d), heads_count)
+            be.write_slice(state.self_v[i], 2, start, v_new)
+            k = be.slice(state.self_k[i], 2, 0, start + steps)
+            v = be.slice(state.self_v[i], 2, 0, start + steps)
+            ctxs.append(_merge_heads(be, be.attention(q, k, v, masks[m])))
+        x = be.add(x, _linear(be, _join(be, ctxs, 0), a.w_out, a.b_out))
 
         c = layer.cross_attn
         h = be.layer_norm(x, c.norm_g, c.norm_b)
-        q = _split_heads(be, _linear(be, h, c.w_q, c.b_q), heads_count)
-        scores = be.scale(be.matmul(q, state.cross_kt[i]), scale)
+        queries = _linear(be, h, c.w_q, c.b_q)
+        ctxs = []
         wanted = [head for layer_index, head in heads if layer_index == i]
-        if wanted:
-            host = be.to_host(scores)
-            for head in wanted:
-                collected[(i, head)] = np.array(host[:, head], dtype=np.float32)
-        ctx = _merge_heads(be, be.matmul(be.softmax(scores), state.cross_v[i]))
-        x = be.add(x, _linear(be, ctx, c.w_out, c.b_out))
+        for m, state in enumerate(states):
+            q = _split_heads(be, _rows(be, queries, spans, m), heads_count)
+            scores = be.scale(be.matmul(q, state.cross_kt[i]), scale)
+            if wanted:
+                host = be.to_host(scores)
+                for head in wanted:
+                    collected[m][(i, head)] = np.array(host[:, head], dtype=np.float32)
+            ctxs.append(_merge_heads(be, be.matmul(be.softmax(scores), state.cross_v[i])))
+        x = be.add(x, _linear(be, _join(be, ctxs, 0), c.w_out, c.b_out))
 
         x = be.add(x, _ffn(be, layer.ffn, x))
-    state.length = end
-    frames = state.cross_v[0].shape[2] if state.cross_v else 0
-    attention = (
-        np.stack([collected[pair] for pair in heads], axis=1)
-        if heads
-        else np.zeros((batch, 0, steps, frames), np.float32)
-    )
+    attention = []
+    for m, state in enumerate(states):
+        state.length = starts[m] + steps
+        frames = state.cross_v[0].shape[2] if state.cross_v else 0
+        rows_m = spans[m][1] - spans[m][0]
+        attention.append(
+            np.stack([collected[m][pair] for pair in heads], axis=1)
+            if heads
+            else np.zeros((rows_m, 0, steps, frames), np.float32)
+        )
     return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b), attention
 
 

@@ -7,9 +7,13 @@ preallocated for 448 positions, the current window's cross-attention keys and
 values). Each request starts from a cleared state, so results never depend on
 which session ran them or what ran before.
 
-``batch`` runs its requests one after another in this session (each is a
+A request runs as a program (:mod:`backends.whisper.program`: every decoding
+rule, written once) whose operations this session executes one by one on its
+state. ``batch`` runs its requests one after another in this session (each is a
 long-form loop with its own prompt history, so per-request sequential decoding
-keeps results identical to ``run``); parallelism comes from the pool's slots.
+keeps results identical to ``run``); parallelism comes from the pool's slots, or
+from the factory's batched engine (``engine``, :mod:`backends.whisper.batched`),
+which advances many requests' programs in shared encoder passes and decoder steps.
 
 Sampling (temperature fallback) draws from a numpy ``Generator`` seeded by the
 request's ``seed`` and created per request, so a request gives the same result
@@ -23,25 +27,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
-import numpy as np
-
 from backends.base import ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
-from backends.whisper import model
-from backends.whisper.alignment import TokenAlignment, alignment_matrix, negative_dtw
+from backends.whisper import model, program
 from backends.whisper.alignment import alignment_heads as find_alignment_heads
+from backends.whisper.batched import WhisperEngine
 from backends.whisper.ct2_reader import read_ct2_model
-from backends.whisper.decoding import (
-    DecodeOptions,
-    WindowResult,
-    greedy_decode,
-    length_normalised_score,
-    sample_decode,
-)
-from backends.whisper.fallback import FallbackOptions
-from backends.whisper.frontend import log_mel
-from backends.whisper.longform import LongformOptions, Segment, Window, transcribe_features
-from backends.whisper.tokenizer import TIME_PRECISION, WhisperTokenizer
+from backends.whisper.longform import Segment, Window
+from backends.whisper.tokenizer import WhisperTokenizer
 from backends.whisper.types import WhisperRequest, WhisperResult
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
 
@@ -76,14 +69,7 @@ class WhisperSession(HasIdentity):
         return self._state
 
     def run(self, request: WhisperRequest) -> WhisperResult:
-        windows = list(self._windows(request))
-        segments = tuple(s for w in windows for s in w.segments)
-        return WhisperResult(
-            text="".join(s.text for s in segments),
-            segments=segments,
-            duration=request.audio.shape[0] / request.sample_rate,
-            windows=tuple(windows),
-        )
+        return program.result(request, list(self._windows(request)))
 
     def stream(self, request: WhisperRequest) -> Iterator[Segment]:
         """Yield segments as each 30 s window is decoded."""
@@ -101,112 +87,19 @@ class WhisperSession(HasIdentity):
 
     # ---- internals --------------------------------------------------------
     def _windows(self, request: WhisperRequest) -> Iterator[Window]:
+        """The request's program, every operation run on this session's decoder state."""
         state = self.state
         state.clear()
-        options = DecodeOptions(
-            suppress_ids=self.tokenizer.suppressed_tokens(request.suppress_tokens),
-            suppress_blank_ids=tuple(self._config.get("suppress_ids_begin", []))
-            if request.suppress_blank
-            else (),
-            max_initial_timestamp_index=round(request.max_initial_timestamp / TIME_PRECISION),
-            record_top2=request.record_top2,
+        executor = program.Executor(
+            self.backend, self.weights, self.tokenizer, self.alignment_heads, state
         )
-        longform = LongformOptions(
-            condition_on_previous_text=request.condition_on_previous_text,
-            initial_prompt=request.initial_prompt,
-            no_speech_threshold=request.no_speech_threshold,
-            log_prob_threshold=request.log_prob_threshold,
-            fallback=FallbackOptions(
-                temperatures=request.temperature,
-                compression_ratio_threshold=request.compression_ratio_threshold,
-                best_of=request.best_of,
-            ),
-            prompt_reset_on_temperature=request.prompt_reset_on_temperature,
-            word_timestamps=request.word_timestamps,
-            prepend_punctuations=request.prepend_punctuations,
-            append_punctuations=request.append_punctuations,
+        steps = program.transcription(
+            request, self.tokenizer, self._config, self.weights.vocab_size
         )
-        runner = _WindowRunner(self, options, request.best_of, np.random.default_rng(request.seed))
         try:
-            yield from transcribe_features(log_mel(request.audio), self.tokenizer, runner, longform)
+            yield from executor.windows(steps)
         finally:
             state.clear()
-
-
-class _WindowRunner:
-    """One request's view of a session as the long-form loop's :class:`WindowModel`."""
-
-    def __init__(
-        self,
-        session: WhisperSession,
-        options: DecodeOptions,
-        best_of: int,
-        rng: np.random.Generator,
-    ) -> None:
-        self._session = session
-        self._options = options
-        self._best_of = best_of
-        self._rng = rng
-        self._prompt: list[int] | None = None  # whose first len - 1 tokens are cached
-
-    def set_window(self, mel: np.ndarray) -> None:
-        session = self._session
-        be = session.backend
-        encoder_out = model.encode(be, session.weights, be.to_device(mel[None]))
-        session.state.set_memory(encoder_out)
-        self._prompt = None
-
-    def generate(self, prompt: list[int], temperature: float) -> WindowResult:
-        session = self._session
-        be, w, state = session.backend, session.weights, session.state
-        if self._prompt != prompt:
-            state.length = 0
-            if len(prompt) > 1:
-                model.decode(be, w, state, np.asarray([prompt[:-1]], dtype=np.int64))
-            self._prompt = list(prompt)
-        cached = len(prompt) - 1
-
-        def step_logits(token: int, step: int) -> np.ndarray:
-            hidden = model.decode(be, w, state, np.asarray([[token]], dtype=np.int64))
-            out: np.ndarray = be.to_host(model.logits(be, w, hidden))[0, 0]
-            return out
-
-        tok, vocab = session.tokenizer, w.vocab_size
-        if temperature == 0:
-            state.length = cached
-            return greedy_decode(step_logits, tok, vocab, len(prompt), self._options)
-        candidates: list[WindowResult] = []
-        for _ in range(self._best_of):
-            state.length = cached
-            candidates.append(
-                sample_decode(
-                    step_logits, tok, vocab, len(prompt), self._options, temperature, self._rng
-                )
-            )
-        return max(candidates, key=length_normalised_score)
-
-    def align(self, text_tokens: list[int], num_frames: int) -> TokenAlignment:
-        session = self._session
-        be, w, state, tok = session.backend, session.weights, session.state, session.tokenizer
-        sequence = [*tok.sot_sequence, tok.no_timestamps, *text_tokens, tok.eot]
-        state.length = 0
-        self._prompt = None  # the aligning pass overwrites the cached prompt
-        hidden, scores = model.decode_with_cross_attention(
-            be, w, state, np.asarray([sequence], dtype=np.int64), session.alignment_heads
-        )
-        logits = np.asarray(be.to_host(model.logits(be, w, hidden))[0], dtype=np.float32)
-        text_logits = logits[:, : tok.eot]
-        shifted = text_logits - np.max(text_logits, axis=-1, keepdims=True)
-        probs = np.exp(shifted)
-        probs /= np.sum(probs, axis=-1, keepdims=True)
-        offset = len(tok.sot_sequence)
-        token_probs = [float(probs[offset + t, token]) for t, token in enumerate(text_tokens)]
-        if num_frames // 2 == 0:
-            empty = np.zeros(0, dtype=np.int64)
-            return TokenAlignment(empty, empty, token_probs)
-        matrix = alignment_matrix(scores[0], num_frames, offset, len(text_tokens))
-        text_indices, time_indices = negative_dtw(matrix)
-        return TokenAlignment(text_indices, time_indices, token_probs)
 
 
 class WhisperFactory(HasIdentity):
@@ -230,6 +123,18 @@ class WhisperFactory(HasIdentity):
 
     def create(self) -> WhisperSession:
         return WhisperSession(self)
+
+    def engine(self, max_batch: int) -> WhisperEngine:
+        """A batched executor: up to ``max_batch`` requests share each encoder pass and each
+        decoder step (one product per linear layer for all of them)."""
+        return WhisperEngine(
+            session_backend(self.backend),
+            self.weights,
+            self.tokenizer,
+            self.config,
+            self.alignment_heads,
+            max_batch,
+        )
 
     def clone(self, primary: WhisperSession) -> WhisperSession:
         if primary.weights is not self.weights:
