@@ -1,11 +1,12 @@
 """The three model families against their reference runtimes, side by side, in one run.
 
     python bench/models.py [--backend numpy|opencl|cuda] [--threads N] [--repeats N]
-                           [--only vad,piper,whisper]
+                           [--only FAMILY_OR_TASK,...]
 
-Each family's bench (bench/model_*.py) measures our numpy backend and the
-peer (onnxruntime for silero_vad and piper, faster-whisper/ctranslate2 for
-whisper) on the same inputs with the same thread count, alternating runs. This
+Each family's bench (its registry entry's ``bench``, bench/model_*.py) measures
+our numpy backend and the peer (onnxruntime for silero_vad and piper,
+faster-whisper/ctranslate2 for whisper) on the same inputs with the same thread
+count, alternating runs; ``--only`` takes family names or tasks. This
 prints one table: median latency, real-time factor (compute time / audio
 duration) and our/peer ratio per input (goal <= 1.0; a reported figure).
 """
@@ -19,7 +20,26 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = {"vad": "model_silero_vad", "piper": "model_piper", "whisper": "model_whisper"}
+if sys.path[:1] != [str(ROOT)]:  # run as a script: the project, not bench/core.py
+    sys.path.insert(0, str(ROOT))
+
+from server.families import registry  # noqa: E402
+
+
+def benches() -> dict[str, str]:
+    """Family name -> its bench module, for every registered family that has one."""
+    return {e.name: e.bench for e in registry.entries() if e.bench is not None}
+
+
+def bench_of(key: str) -> str:
+    """The bench module of ``key``: a family's name, or a task its only bench family serves."""
+    found = benches()
+    if key in found:
+        return found[key]
+    by_task = [found[e.name] for e in registry.entries() if e.task == key and e.name in found]
+    if len(by_task) != 1:
+        raise SystemExit(f"--only: {key!r} is not one of {', '.join(found)} (or their tasks)")
+    return by_task[0]
 
 
 def load(name: str) -> Any:
@@ -65,13 +85,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", default=",".join(FAMILIES))
+    parser.add_argument("--only", default=",".join(benches()))
     parser.add_argument("--backend", default="numpy", choices=["numpy", "opencl", "cuda"])
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     rows: list[dict[str, Any]] = []
     for key in args.only.split(","):
-        module = load(FAMILIES[key.strip()])
+        module = load(bench_of(key.strip()))
         rows.extend(module.bench(threads=args.threads, repeats=args.repeats, backend=args.backend))
     print(f"backend={args.backend} threads={args.threads} repeats={args.repeats}")
     print(table(with_ratios(rows)))

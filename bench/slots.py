@@ -1,20 +1,20 @@
 """Parallel session slots through the runtime: N requests on one slot vs N slots (seed 003 report).
 
-    python bench/slots.py [--slots 2,4] [--repeats 3] [--only piper,whisper,silero_vad]
+    python bench/slots.py [--slots 2,4] [--repeats 3] [--only FAMILY,...]
 
-For each family three runtimes (``Runtime`` + ``ThreadedProvider``, busy timeout
-0) serve the same model, side by side: the original runtime (one guarded
-session), the parallel runtime at ``slots=1`` and at ``slots=N``. Cold loads
-(weights plus every session of the pool) are timed on their own, in that order
-(later ones may reuse process-level caches the first one filled). After one
-warm-up wave on each, every repeat runs, alternately so all see the same
-machine load: one request on the original and on the 1-slot runtime, the N
-requests one after another on both (measured totals, not N x one), and the same
-N requests submitted at once to the N-slot model. BLAS is held to one thread so
-any speed-up comes from the slots (worker threads; numpy releases the GIL in
-its kernels). Peak RSS is sampled from ``/proc/self/statm`` every 50 ms during
-those runs; every wave's outputs are compared exactly with the first one's.
-Each family and N runs in a fresh interpreter, so cold loads and memory are its own.
+For each family (every registered one with a bench ``workload``) three runtimes
+(``Runtime`` + ``ThreadedProvider``, busy timeout 0) serve the same model, side by side:
+the original runtime (one guarded session), the parallel runtime at ``slots=1`` and at
+``slots=N``. Cold loads (weights plus every session of the pool) are timed on their own,
+in that order (later ones may reuse process-level caches the first one filled). After
+one warm-up wave on each, every repeat runs, alternately so all see the same machine
+load: one request on the original and on the 1-slot runtime, the N requests one after
+another on both (measured totals, not N x one), and the same N requests submitted at
+once to the N-slot model. BLAS is held to one thread so any speed-up comes from the
+slots (worker threads; numpy releases the GIL in its kernels). Peak RSS is sampled from
+``/proc/self/statm`` every 50 ms during those runs; every wave's outputs are compared
+exactly with the first one's. Each family and N runs in a fresh interpreter, so cold
+loads and memory are its own.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-import wave
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,16 +36,12 @@ if sys.path[:1] != [str(ROOT)]:  # run as a script: the project, not bench/core.
 
 import anyio  # noqa: E402
 import attrs  # noqa: E402
-import numpy as np  # noqa: E402
 
 from bench.common import blas_threads  # noqa: E402
 from core.policy import RuntimeKind  # noqa: E402
+from server.families import registry  # noqa: E402
 from server.provider import ThreadedProvider  # noqa: E402
 from server.runtime import ModelSpec, Runtime, RuntimeConfig  # noqa: E402
-
-DATA = ROOT / "tests" / "data"
-PIPER_TEXT = "The weather is lovely today, let us go for a walk."
-TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
 
 
 @attrs.frozen
@@ -129,52 +124,18 @@ class RssSampler:
             await anyio.sleep(self.interval_s)
 
 
-def read_wav(path: Path) -> np.ndarray:
-    """16-bit mono WAV as float32 in [-1, 1]."""
-    with wave.open(str(path)) as f:
-        if f.getsampwidth() != 2 or f.getnchannels() != 1:
-            raise ValueError(f"{path}: expected 16-bit mono")
-        pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
-    return (pcm.astype(np.float32) / 32768.0).copy()
+def workload(family: str, **options: Any) -> Workload:
+    """The bench workload of ``family`` (its registry entry's ``workload``, given ``options``)."""
+    make = registry.family(family).workload
+    if make is None:
+        raise ValueError(f"family {family!r} has no bench workload")
+    own = make(**options)
+    return Workload(family, own.label, own.requests, own.fingerprint)
 
 
-def piper_workload() -> Workload:
-    from backends.piper import PiperRequest
-
-    def requests(n: int) -> list[Any]:
-        return [PiperRequest(PIPER_TEXT, seed=i) for i in range(n)]
-
-    return Workload("piper", "1 sentence, seed i", requests, lambda r: r.audio.tobytes())
-
-
-def whisper_workload() -> Workload:
-    from backends.whisper.types import WhisperRequest
-
-    clips = [read_wav(DATA / "whisper" / name) for name in ("short.wav", "weather.wav")]
-
-    def requests(n: int) -> list[Any]:
-        return [WhisperRequest(clips[i % len(clips)]) for i in range(n)]
-
-    return Workload("whisper", "short.wav, weather.wav", requests, lambda r: r.text)
-
-
-def vad_workload(seconds: float = 15.0) -> Workload:
-    from backends.silero_vad import VadRequest
-
-    audio = read_wav(DATA / "silero_vad" / "speech_mix_16k.wav")[: int(seconds * 16000)]
-
-    def requests(n: int) -> list[Any]:
-        return [VadRequest(audio) for _ in range(n)]
-
-    label = f"speech_mix {audio.size / 16000:.1f} s"
-    return Workload("silero_vad", label, requests, lambda r: r.probabilities.tobytes())
-
-
-WORKLOADS: dict[str, Callable[[], Workload]] = {
-    "piper": piper_workload,
-    "whisper": whisper_workload,
-    "silero_vad": vad_workload,
-}
+def bench_families() -> list[str]:
+    """Every registered family with a bench workload, in registry order."""
+    return [e.name for e in registry.entries() if e.workload is not None]
 
 
 async def _timed(rt: Runtime, model: str, request: Any, out: list[Any], lat: list[float]) -> None:
@@ -211,7 +172,8 @@ async def parallel_wave(
 
 
 def _spec(family: str, slots: int) -> ModelSpec:
-    return ModelSpec(id=f"{family}-x{slots}", family=family, task=TASKS[family], slots=slots)
+    task = registry.family(family).task
+    return ModelSpec(id=f"{family}-x{slots}", family=family, task=task, slots=slots)
 
 
 async def _cold_load(rt: Runtime, model: str) -> float:
@@ -347,12 +309,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slots", default="2", help="comma-separated slot counts N (>= 2)")
     parser.add_argument("--repeats", type=int, default=3, help="warm repeats (>= 3)")
-    parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--only", default=",".join(bench_families()))
     parser.add_argument("--child", help=argparse.SUPPRESS)  # family:n:repeats, prints one JSON row
     args = parser.parse_args()
     if args.child:
         family, n, repeats = args.child.split(":")
-        row = run(WORKLOADS[family](), int(n), int(repeats))
+        row = run(workload(family), int(n), int(repeats))
         print(json.dumps(attrs.asdict(row)))
         return 0
     counts = [int(s) for s in args.slots.split(",")]

@@ -4,7 +4,8 @@ Starts the embedded default (bundled models, numpy, 2 slots each) on a free
 loopback port, runs ``--clients`` client tasks for ``--seconds``, each picking a
 route at random (seeded): speech (WAV), speech streamed as SSE (a quarter of them
 disconnect after the first event), transcription (multipart WAV), VAD,
-``/v1/models`` and ``/health``. Prints per-route counts, the status histogram,
+``/v1/models`` and ``/health``; each task's model is the first the server lists
+for it. Prints per-route counts, the status histogram,
 p50/p95/p99 latency, the server's resident memory at start, after warm-up
 (a fifth of the run) and at the end (flat = within 10% after warm-up), and the
 counters once the clients stop (every active slot and queue must be back at 0).
@@ -54,16 +55,27 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def one(client: httpx.AsyncClient, route: str, rng: random.Random) -> int:
-    """One request on ``route``; the status code (499: the client left on purpose)."""
+async def task_models(client: httpx.AsyncClient) -> dict[str, str]:
+    """Task -> the id of the first model the server lists for it."""
+    rows = (await client.get("/v1/models")).json()["data"]
+    models: dict[str, str] = {}
+    for row in rows:
+        models.setdefault(row["task"], row["id"])
+    return models
+
+
+async def one(
+    client: httpx.AsyncClient, route: str, rng: random.Random, models: dict[str, str]
+) -> int:
+    """One request on ``route`` to the model of its task (``models``); the status code (499:
+    the client left on purpose)."""
     text = rng.choice(TEXTS)
     if route == "speech":
-        r = await client.post(
-            "/v1/audio/speech", json={"model": "piper", "input": text, "response_format": "wav"}
-        )
+        body = {"model": models["tts"], "input": text, "response_format": "wav"}
+        r = await client.post("/v1/audio/speech", json=body)
         return r.status_code
     if route == "speech_sse":
-        body = {"model": "piper", "input": text, "stream": True}
+        body = {"model": models["tts"], "input": text, "stream": True}
         leave = rng.random() < 0.25
         async with client.stream("POST", "/v1/audio/speech", json=body) as r:
             async for _ in r.aiter_lines():
@@ -72,11 +84,12 @@ async def one(client: httpx.AsyncClient, route: str, rng: random.Random) -> int:
             return r.status_code
     if route == "transcribe":
         files = {"file": ("hello.wav", HELLO, "audio/wav")}
-        r = await client.post("/v1/audio/transcriptions", files=files, data={"model": "whisper"})
+        data = {"model": models["asr"]}
+        r = await client.post("/v1/audio/transcriptions", files=files, data=data)
         return r.status_code
     if route == "vad":
         files = {"file": ("hello.wav", HELLO, "audio/wav")}
-        r = await client.post("/v1/audio/vad", files=files, data={"model": "silero_vad"})
+        r = await client.post("/v1/audio/vad", files=files, data={"model": models["vad"]})
         return r.status_code
     r = await client.get("/v1/models" if route == "models" else "/health")
     return r.status_code
@@ -88,6 +101,8 @@ async def soak(url: str, pid: int, clients: int, seconds: float, seed: int) -> d
     memory = {"start": rss_mib(pid)}
     start = time.monotonic()
     stop = start + seconds
+    async with httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+        models = await task_models(client)
 
     async def client_task(n: int) -> None:
         rng = random.Random(seed * 1000 + n)
@@ -96,7 +111,7 @@ async def soak(url: str, pid: int, clients: int, seconds: float, seed: int) -> d
                 route = rng.choices(ROUTES, WEIGHTS)[0]
                 t0 = time.monotonic()
                 try:
-                    status = await one(client, route, rng)
+                    status = await one(client, route, rng, models)
                 except httpx.HTTPError:
                     status = 0  # a transport failure: counted, never hidden
                 latencies[route].append(time.monotonic() - t0)

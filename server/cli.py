@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from server.families import registry
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -33,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
-    run = sub.add_parser("run", help="run one model once (tts, asr, vad)")
-    run.add_argument("task", choices=["tts", "asr", "vad"])
+    tasks = registry.tasks()
+    run = sub.add_parser("run", help=f"run one model once ({', '.join(tasks)})")
+    run.add_argument("task", choices=tasks)
     run.add_argument("input", nargs="?", help="input WAV (asr, vad)")
     run.add_argument("--text", help="text to speak (tts)")
     run.add_argument("-o", "--output", help="output file")
@@ -45,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "validate",
         help="the model validation procedure's admission gate for one family at one slot count",
     )
-    val.add_argument("--model", required=True, choices=["piper", "whisper", "silero_vad"])
+    val.add_argument("--model", required=True, choices=registry.validated())
     val.add_argument("--slots", type=int, default=2)
     val.add_argument("--starts", type=int, default=3, help="fresh runtime starts (seed minimum 3)")
     val.add_argument(

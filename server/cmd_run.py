@@ -1,5 +1,7 @@
 """``voxpool run tts|asr|vad``: run one bundled model once, without a server.
 
+The model is the first registered family serving the task (the family registry,
+:func:`server.families.registry.for_task`), which also builds the request.
 Long inputs show progress: TTS reports each sentence as it is synthesized, ASR
 prints each segment as its 30-second window is decoded, VAD reports segments.
 """
@@ -7,12 +9,16 @@ prints each segment as its 30-second window is decoded, VAD reports segments.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from backends.base import ArrayBackend
 from server.audio import AudioError, load_for_model, wav_bytes
+from server.families import registry
+from server.families.base import RunInput
 from server.provider import make_backend
 
 
@@ -35,10 +41,18 @@ def main(args: argparse.Namespace) -> int:
     return asr(args, backend, audio) if args.task == "asr" else vad(args, backend, audio)
 
 
+def session(task: str, backend: ArrayBackend, mode: str, given: RunInput) -> tuple[Any, Any]:
+    """A session of the family serving ``task``, loaded in ``mode``, and its request for
+    ``given``."""
+    entry = registry.for_task(task)
+    assert entry.run_request is not None  # for_task returns families that have one
+    module = importlib.import_module(entry.backend)
+    factory = module.load_factory(backend, **entry.load_kwargs(mode))
+    return factory.create(), entry.run_request(given)
+
+
 def tts(args: argparse.Namespace, backend: ArrayBackend) -> int:
     import numpy as np
-
-    from backends.piper import PiperRequest, load_factory
 
     if not args.text:
         print("voxpool run tts: --text is required", file=sys.stderr)
@@ -46,11 +60,11 @@ def tts(args: argparse.Namespace, backend: ArrayBackend) -> int:
     if not args.output:
         print("voxpool run tts: -o/--output is required", file=sys.stderr)
         return 2
-    session = load_factory(backend, mode="streaming").create()
+    voice, request = session("tts", backend, "streaming", RunInput(text=args.text, seed=args.seed))
     t0 = time.perf_counter()
     pieces = []
     rate = 22050
-    for chunk in session.stream(PiperRequest(text=args.text, seed=args.seed)):
+    for chunk in voice.stream(request):
         pieces.append(chunk.audio)
         rate = int(chunk.sample_rate)
         print(
@@ -68,11 +82,9 @@ def tts(args: argparse.Namespace, backend: ArrayBackend) -> int:
 
 
 def asr(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
-    from backends.whisper import WhisperRequest, load_factory
-
-    session = load_factory(backend).create()
+    model, request = session("asr", backend, "offline", RunInput(audio=audio))
     texts = []
-    for seg in session.stream(WhisperRequest(audio=audio)):
+    for seg in model.stream(request):
         print(
             f"  [{seg.start:7.2f} -> {seg.end:7.2f}] {seg.text.strip()}",
             file=sys.stderr,
@@ -84,10 +96,8 @@ def asr(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
 
 
 def vad(args: argparse.Namespace, backend: ArrayBackend, audio: object) -> int:
-    from backends.silero_vad import VadRequest, load_factory
-
-    session = load_factory(backend).create()
-    result = session.run(VadRequest(audio=audio))
+    model, request = session("vad", backend, "offline", RunInput(audio=audio))
+    result = model.run(request)
     for seg in result.segments:
         print(f"speech {seg.start_s:8.3f} -> {seg.end_s:8.3f} s")
     print(

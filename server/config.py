@@ -2,9 +2,10 @@
 
 Parsing is strict: duplicate JSON keys, unknown families or backends, negative
 durations and bad slot counts are rejected with a message naming the key.
-Families here are ``piper`` (tts), ``whisper`` (asr) and ``silero_vad`` (vad);
-backends ``numpy`` (alias ``cpu``), ``opencl`` and ``cuda``. With no file,
-:func:`embedded_default` describes the three bundled models on numpy.
+Families, their tasks, modes and ``load_options`` come from the family registry
+(:mod:`server.families.registry`); backends are ``numpy`` (alias ``cpu``), ``opencl``
+and ``cuda``. With no file, :func:`embedded_default` describes the bundled models
+(each registered family's ``embedded`` model) on numpy.
 
 Differences from audio.cpp (docs/differences.md): the default backend is
 ``numpy``; the default body limit is 64 MiB (audio.cpp: 2 GiB); ``audio_roots``
@@ -31,11 +32,13 @@ from core.policy import (
     validate_slots_for_runtime,
     validate_timeout_ms,
 )
+from server.families import registry
+from server.families.base import MODES as MODES
+from server.families.base import OPENAI_VOICES as OPENAI_VOICES
+from server.families.base import SPEECH_RESPONSE_FORMATS, Family
 from server.runtime.ports import ModelSpec
 
-FAMILY_TASKS = {"piper": "tts", "whisper": "asr", "silero_vad": "vad"}
 BACKENDS = {"numpy": "numpy", "cpu": "numpy", "opencl": "opencl", "cuda": "cuda"}
-MODES = ("offline", "streaming")
 MAX_JSON_INT = 2**53 - 1
 IGNORED_TOP = {
     "ui",
@@ -62,34 +65,7 @@ LIMIT_KEYS = (
     "max_input_chars",
 )
 """Per-request limits (docs/server.md, "Limits")."""
-LOAD_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
-    "piper": {"mode": MODES},
-    "whisper": {"model_dir": None},
-    "silero_vad": {"mode": MODES, "weights": ("safetensors", "onnx")},
-}
-"""The ``load_options`` each family accepts, and their allowed values (None: any path string)."""
-FAMILY_VOICES: dict[str, tuple[str, ...]] = {"piper": ("joe", "en_US-joe-medium")}
-"""Each TTS family's voices; the first is its default voice."""
-OPENAI_VOICES = (
-    "alloy",
-    "ash",
-    "ballad",
-    "cedar",
-    "coral",
-    "echo",
-    "fable",
-    "marin",
-    "nova",
-    "onyx",
-    "sage",
-    "shimmer",
-    "verse",
-)
-"""OpenAI's speech voice names: by default each (and ``default``) is an alias of a TTS model's
-default voice, so clients written for OpenAI work unchanged (``voice_aliases`` overrides)."""
 MAX_ALIAS_CHARS = 64
-SPEECH_RESPONSE_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm", "json", "b64_json")
-"""Speech ``response_format`` values (a TTS model's ``default_request_options`` may set one)."""
 IGNORED_MODEL = {
     "config",
     "weight",
@@ -260,10 +236,10 @@ def _options(raw: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, Any]:
-    """``load_options``, checked against what the family's loader accepts (:data:`LOAD_OPTIONS`)."""
+def _load_options(raw: Mapping[str, Any], entry: Family, where: str) -> dict[str, Any]:
+    """``load_options``, checked against what the family's loader accepts (its entry's)."""
     options = _options(raw, "load_options", where)
-    known = LOAD_OPTIONS[family]
+    family, known = entry.name, entry.load_options
     for key, value in options.items():
         if key not in known:
             raise ConfigError(
@@ -280,18 +256,17 @@ def _load_options(raw: Mapping[str, Any], family: str, where: str) -> dict[str, 
 
 def default_voice_aliases(family: str) -> dict[str, str]:
     """The alias table of a family: every OpenAI voice name and ``default`` to its first voice."""
-    voices = FAMILY_VOICES.get(family)
-    return {name: voices[0] for name in (*OPENAI_VOICES, "default")} if voices else {}
+    return registry.family(family).aliases()
 
 
-def _voice_aliases(raw: Mapping[str, Any], family: str, where: str) -> dict[str, str]:
+def _voice_aliases(raw: Mapping[str, Any], entry: Family, where: str) -> dict[str, str]:
     """The default alias table with the model's ``voice_aliases`` over it (null removes one)."""
-    table = default_voice_aliases(family)
+    table = entry.aliases()
     given = raw.get("voice_aliases")
     if given is None:
         return table
-    voices = FAMILY_VOICES.get(family)
-    if voices is None:
+    family, voices = entry.name, entry.voices
+    if not voices:
         raise ConfigError(f"{where}voice_aliases is only for TTS models")
     if not isinstance(given, Mapping):
         raise ConfigError(f"{where}voice_aliases must be an object of alias -> voice")
@@ -332,16 +307,15 @@ def parse_model(
         raise ConfigError("models[].id is required (a non-empty string)")
     where = f"model '{model_id}': "
     family = raw.get("family")
-    if family not in FAMILY_TASKS:
-        raise ConfigError(f"{where}unknown family {family!r} (piper, whisper, silero_vad)")
-    task = raw.get("task", FAMILY_TASKS[family])
-    if task != FAMILY_TASKS[family]:
-        raise ConfigError(
-            f"{where}family {family} serves task '{FAMILY_TASKS[family]}', not {task!r}"
-        )
+    if not registry.is_family(family):
+        raise ConfigError(f"{where}unknown family {family!r} ({registry.listing()})")
+    entry = registry.family(family)
+    task = raw.get("task", entry.task)
+    if task != entry.task:
+        raise ConfigError(f"{where}family {family} serves task '{entry.task}', not {task!r}")
     mode = raw.get("mode", "offline")
-    if mode not in MODES:
-        raise ConfigError(f"{where}mode must be 'offline' or 'streaming'")
+    if mode not in entry.modes:
+        raise ConfigError(f"{where}mode must be {' or '.join(map(repr, entry.modes))}")
     slots_raw = raw.get("slots", MISSING)
     checked = validate_slots_for_runtime(runtime, slots_raw)
     if isinstance(checked, Invalid):
@@ -351,18 +325,15 @@ def parse_model(
         raise ConfigError(f"{where}path must be a string (without NUL bytes)")
     if path and base_dir is not None and not os.path.isabs(path):
         path = str((base_dir / path).resolve())
-    load_options = _load_options(raw, family, where)
-    model_dir = load_options.get("model_dir", path if family == "whisper" else "")
+    load_options = _load_options(raw, entry, where)
+    model_dir = entry.model_dir(path, load_options)
     if model_dir and not os.path.isdir(model_dir):
         raise ConfigError(f"{where}model directory {model_dir!r} does not exist")
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
     dro = _options(raw, "default_request_options", where)
-    if (
-        FAMILY_TASKS[family] == "tts"
-        and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS
-    ):
+    if entry.task == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
         raise ConfigError(
             f"{where}default_request_options.response_format must be one of "
             f"{', '.join(SPEECH_RESPONSE_FORMATS)}"
@@ -383,7 +354,7 @@ def parse_model(
         load_options=load_options,
         session_options=_options(raw, "session_options", where),
         default_request_options={k: _stringify(v) for k, v in dro.items()},
-        voice_aliases=_voice_aliases(raw, family, where),
+        voice_aliases=_voice_aliases(raw, entry, where),
     )
 
 
@@ -501,12 +472,13 @@ def load_config(path: str | Path, *, runtime: RuntimeKind = RuntimeKind.PARALLEL
 
 
 def embedded_default(runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:
-    """The three bundled models on numpy, lazily loaded, on 127.0.0.1:8080."""
+    """The bundled models on numpy, lazily loaded, on 127.0.0.1:8080: one per registered family
+    with an ``embedded`` model, its id the family's name."""
     parallel = runtime is RuntimeKind.PARALLEL
     models: list[dict[str, Any]] = [
-        {"id": "piper", "family": "piper", "mode": "streaming"},
-        {"id": "whisper", "family": "whisper"},
-        {"id": "silero_vad", "family": "silero_vad"},
+        {"id": e.name, "family": e.name, **e.embedded}
+        for e in registry.entries()
+        if e.embedded is not None
     ]
     if parallel:
         for m in models:

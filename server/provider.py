@@ -1,8 +1,9 @@
 """The production model provider: real families, shared weights, worker threads.
 
-Families are imported by name from :mod:`backends`; each exposes
-``load_factory(backend, **options)``. Loaded factories (the immutable weights)
-are shared by every model whose weight key matches, through core's
+Families are looked up in the family registry (:mod:`server.families.registry`):
+each entry names its backend module, which exposes ``load_factory(backend,
+**options)``, and maps a model's spec to its keywords. Loaded factories (the
+immutable weights) are shared by every model whose weight key matches, through core's
 single-flight, reference-counted :class:`~core.weights.WeightCache`; the last
 release frees them. Session work runs in worker threads so the event loop
 never blocks on compute.
@@ -20,13 +21,9 @@ import anyio.to_thread
 
 from core.pool import Session, SessionFactory
 from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
+from server.families import registry
 from server.runtime.ports import ModelSpec
 
-FAMILY_MODULES = {
-    "piper": "backends.piper",
-    "whisper": "backends.whisper",
-    "silero_vad": "backends.silero_vad",
-}
 _END = object()
 
 
@@ -95,12 +92,9 @@ class ThreadedProvider:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     def _load_sync(self, spec: ModelSpec) -> SessionFactory:
-        module = importlib.import_module(FAMILY_MODULES[spec.family])
-        options: dict[str, Any] = dict(spec.load_options)
-        if spec.family in ("piper", "silero_vad"):
-            options.setdefault("mode", spec.mode)
-        if spec.path and spec.family == "whisper":
-            options.setdefault("model_dir", spec.path)
+        entry = registry.family(spec.family)
+        module = importlib.import_module(entry.backend)
+        options = entry.load_kwargs(spec.mode, spec.path, spec.load_options)
         backend = make_backend(spec.backend, spec.device)
         factory: SessionFactory = module.load_factory(backend, **options)
         return factory

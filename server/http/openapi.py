@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from core.policy import RuntimeKind
 from server.codecs import SPEECH_AUDIO
-from server.config import FAMILY_TASKS, LOAD_OPTIONS, MAX_JSON_INT, MODES, ServerConfig
-from server.families import (
+from server.config import MAX_JSON_INT, MODES, ServerConfig
+from server.families import registry
+from server.families.base import SpeechAdapter
+from server.families.http import (
     LANGUAGES,
     MAX_BATCH,
     MAX_GRANULARITIES,
@@ -31,7 +33,6 @@ from server.families import (
     TRANSCRIPT_FORMATS,
     VAD_OPEN,
     VAD_RANGES,
-    TtsAdapter,
 )
 from server.http.body import FORM_BOOLEANS
 from server.runtime.ports import ModelSpec
@@ -115,11 +116,14 @@ def _any(variants: list[Schema]) -> Schema:
 def voice_names(specs: Sequence[ModelSpec]) -> list[str]:
     """The voice names every TTS model takes (voices and aliases): a name only some models
     take is left out, so a voice the document allows is one every TTS model accepts."""
-    sets = [{*TtsAdapter.VOICES, *TtsAdapter.aliases(s.extra)} for s in specs if s.task == "tts"]
-    return sorted(set.intersection(*sets)) if sets else list(TtsAdapter.VOICES)
+    sets: list[set[str]] = []
+    for spec in (s for s in specs if s.task == "tts"):
+        adapter = cast(SpeechAdapter, registry.family(spec.family).adapter())
+        sets.append({*adapter.voices(), *adapter.aliases(spec.extra)})
+    return sorted(set.intersection(*sets)) if sets else list(registry.voices())
 
 
-def speech_fields(config: ServerConfig, voices: Sequence[str] = TtsAdapter.VOICES) -> Schema:
+def speech_fields(config: ServerConfig, voices: Sequence[str]) -> Schema:
     """A TTS request's fields (without ``model``); ``voice`` one of ``voices``."""
     return {
         "input": {
@@ -138,7 +142,7 @@ def speech_body(
     config: ServerConfig,
     tts: Sequence[str],
     streaming: Sequence[str],
-    voices: Sequence[str] = TtsAdapter.VOICES,
+    voices: Sequence[str],
 ) -> Schema:
     """``/v1/audio/speech``: any TTS model unstreamed; streaming-mode ones may stream."""
     common = {
@@ -207,9 +211,7 @@ def vad_fields() -> Schema:
     return ranges | {"include_probabilities": B}
 
 
-def task_request(
-    task: str, config: ServerConfig, voices: Sequence[str] = TtsAdapter.VOICES
-) -> Schema:
+def task_request(task: str, config: ServerConfig, voices: Sequence[str]) -> Schema:
     """The ``request`` object of a generic task (``/v1/tasks/*``) for a model of ``task``."""
     if task == "tts":
         return _obj(speech_fields(config, voices), ["input"])
@@ -306,18 +308,18 @@ def load_body(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
     )
     common: Schema = {"mode": _enum(MODES), "slots": slots, "session_options": OBJ}
     variants = []
-    for family, known in LOAD_OPTIONS.items():
+    for entry in registry.entries():
         options = {
-            k: _enum(v) for k, v in known.items() if v is not None
+            k: _enum(v) for k, v in entry.load_options.items() if v is not None
         }  # paths must exist: left out
         props = {
             "id": {"type": "string", "pattern": f"^{MODEL_ID.pattern}$"},
-            "family": {"const": family},
-            "task": {"const": FAMILY_TASKS[family]},
+            "family": {"const": entry.name},
+            "task": {"const": entry.task},
             **common,
             "load_options": _obj(options, closed=True),
         }
-        if family != "whisper":  # whisper's path must be an existing model directory
+        if entry.path_option is None:  # else the path must be an existing model directory
             props["path"] = {"type": "string", "pattern": "^[^\\x00]*$"}
         variants.append(_obj(props, ["id", "family"], closed=True))
     if specs:

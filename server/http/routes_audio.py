@@ -14,10 +14,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from backends.piper.api import AudioLimitError as SpeechLimitError
 from server.audio import AudioError, b64decode, b64encode, load_for_model, wav_bytes
 from server.codecs import SPEECH_AUDIO, StreamEncoder, encode_speech, output_rate
-from server.families import SPEECH_FORMATS, TRANSCRIPT_FORMATS, speech_limit_error, timing
+from server.families.http import SPEECH_FORMATS, TRANSCRIPT_FORMATS, speech_limit_error, timing
+from server.families.registry import limit_errors
 from server.http.body import boolean, busy_timeout, choice, form_fields, is_multipart, json_object
 from server.http.errors import bad
 from server.http.state import ServerState
@@ -64,7 +64,7 @@ async def speech(request: Request) -> Response:
     t0 = time.perf_counter()
     try:
         result = await st.runtime.run(spec.id, req, timeout)
-    except SpeechLimitError as exc:
+    except limit_errors() as exc:
         raise speech_limit_error(exc, st.config) from None
     wall = time.perf_counter() - t0
     audio, rate = adapter.audio(result)
@@ -107,7 +107,7 @@ async def speech_stream(
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await stack.aclose()
-        if isinstance(exc, SpeechLimitError):
+        if isinstance(exc, limit_errors()):
             raise speech_limit_error(exc, st.config) from None
         raise
     ttft = time.perf_counter() - t0
@@ -121,9 +121,7 @@ async def speech_stream(
         try:
             async for chunk in chunks:
                 yield chunk
-        except (
-            SpeechLimitError
-        ) as exc:  # a later sentence: the error event (or the cut) says which limit
+        except limit_errors() as exc:  # a later sentence: the error event (or cut) says which
             raise speech_limit_error(exc, st.config) from None
 
     rate = int(head[0].sample_rate)

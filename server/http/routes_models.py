@@ -8,7 +8,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.policy import MISSING, Invalid, validate_slots_for_runtime
-from server.config import FAMILY_TASKS, MODES, ConfigError, parse_model
+from server.config import MODES, ConfigError, parse_model
+from server.families import registry
 from server.http.body import json_object
 from server.http.errors import bad, show
 from server.http.openapi import MAX_BULK_IDS, MAX_ID_CHARS, MODEL_ID, build_spec
@@ -71,8 +72,8 @@ async def load(request: Request) -> Response:
     existing = st.runtime.specs.get(model_id)
     if family is None and existing is not None:
         family = existing.family
-    if not isinstance(family, str) or family not in FAMILY_TASKS:
-        raise bad(f"unknown family {show(family)} (piper, whisper, silero_vad)")
+    if not registry.is_family(family):
+        raise bad(f"unknown family {show(family)} ({registry.listing()})")
     if body.get("mode", "offline") not in MODES:
         raise bad("mode must be 'offline' or 'streaming'")
     slots = body.get("slots", MISSING)

@@ -13,8 +13,8 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from backends.piper.api import AudioLimitError as SpeechLimitError
-from server.families import MAX_BATCH, speech_limit_error, timing
+from server.families.http import MAX_BATCH, speech_limit_error, timing
+from server.families.registry import limit_errors
 from server.http.body import busy_timeout, json_object
 from server.http.errors import bad
 from server.http.routes_audio import audio_input, open_leased_stream, state_of
@@ -58,7 +58,7 @@ async def run(request: Request) -> Response:
     t0 = time.perf_counter()
     try:
         result = await st.runtime.run(spec.id, req, timeout)
-    except SpeechLimitError as exc:
+    except limit_errors() as exc:
         raise speech_limit_error(exc, st.config) from None
     payload = await anyio.to_thread.run_sync(result_json, st, spec, result)
     payload["timing"] = timing(time.perf_counter() - t0, st.adapter(spec).duration(result))
@@ -112,7 +112,7 @@ async def batch(request: Request) -> Response:
     async def events() -> AsyncIterator[dict[str, Any]]:
         try:
             results = await st.runtime.batch_on(held, reqs)
-        except SpeechLimitError as exc:
+        except limit_errors() as exc:
             raise speech_limit_error(exc, st.config) from None
         total = 0.0
         for i, result in enumerate(results):
@@ -152,7 +152,7 @@ async def stream(request: Request) -> Response:
                 if first is None:
                     first = time.perf_counter() - t0
                 events.append({**st.adapter(spec).chunk_json(chunk), "is_final": False})
-        except SpeechLimitError as exc:
+        except limit_errors() as exc:
             raise speech_limit_error(exc, st.config) from None
     if events:
         events[-1]["is_final"] = True

@@ -13,8 +13,8 @@ import attrs
 from starlette.requests import Request
 
 from core.policy import RuntimeKind
-from server.config import FAMILY_TASKS, ServerConfig
-from server.families import ADAPTERS
+from server.config import ServerConfig
+from server.families import registry
 from server.http.errors import ApiError, bad, show
 from server.metrics import Metrics
 from server.runtime import Runtime
@@ -54,7 +54,8 @@ class ServerState:
         return spec
 
     def adapter(self, spec: ModelSpec) -> Any:
-        return ADAPTERS[FAMILY_TASKS[spec.family]]
+        """The HTTP adapter of ``spec``'s family (its registry entry's)."""
+        return registry.family(spec.family).adapter()
 
     def is_manager(self, request: Request) -> bool:
         """Management is on and the request carries the right bearer token."""

@@ -3,8 +3,9 @@
 The gate drives :class:`server.runtime.Runtime` over the production
 :class:`server.provider.ThreadedProvider` (wrapped by :class:`GateProvider` so
 failures can be injected) and compares every output at the tested slot count
-with the single-slot serial references, exactly: audio bytes for piper (fixed
-seeds), token ids and text for whisper, probabilities for silero_vad. Leases are
+with the single-slot serial references, exactly, by the fingerprints of the family's
+validation plan (its registry entry's ``plan``: audio bytes, token ids and text,
+probabilities). Leases are
 observed by polling ``runtime.status_of`` and host memory by sampling
 ``/proc/self/statm`` while the waves run. :func:`run_gate` returns the model
 half of the admission record; :mod:`server.cmd_validate` adds the framework

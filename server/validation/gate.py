@@ -22,10 +22,11 @@ import anyio
 import attrs
 
 from core.policy import RuntimeKind
-from server.provider import FAMILY_MODULES, make_backend
+from server.families import registry
+from server.provider import make_backend
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
 from server.runtime.errors import LoadError
-from server.validation.plans import GROWTH_TOLERANCE_BYTES, MIN_STARTS, MIN_WAVES, PLANS, Case
+from server.validation.plans import GROWTH_TOLERANCE_BYTES, MIN_STARTS, MIN_WAVES, Case, plan
 from server.validation.probes import Check, GateProvider, Monitor, settled_rss
 
 HANG_GUARD_S = 300.0
@@ -174,7 +175,11 @@ class Gate:
 
     def spec(self, slots: int, mode: str = "offline", suffix: str = "") -> ModelSpec:
         return ModelSpec(
-            self.model_id + suffix, self.family, task=self.plan.task, mode=mode, slots=slots
+            self.model_id + suffix,
+            self.family,
+            task=registry.family(self.family).task,
+            mode=mode,
+            slots=slots,
         )
 
     def check(self, cid: str) -> Check:
@@ -267,8 +272,9 @@ class Gate:
     # ---- M1
     async def serial_references(self) -> None:
         c = self.check("M1")
-        module = importlib.import_module(FAMILY_MODULES[self.family])
-        options = {"mode": "offline"} if self.family != "whisper" else {}
+        entry = registry.family(self.family)
+        module = importlib.import_module(entry.backend)
+        options = entry.load_kwargs("offline")
 
         def direct() -> list[str]:
             session = module.load_factory(make_backend("numpy", "cpu"), **options).create()
@@ -626,7 +632,7 @@ class Gate:
 
     # ---- the whole run
     async def run(self) -> None:
-        self.plan = PLANS[self.family]()
+        self.plan = plan(self.family)
         self.cases = self.plan.cases()
         titles = {
             "M1": "Scope/serial quality",

@@ -15,16 +15,17 @@ from typing import Any
 
 import anyio
 
+from server.families import registry
 from server.provider import ThreadedProvider
 from server.validation.gate import Gate
 from server.validation.plans import (
     GROWTH_TOLERANCE_BYTES,
     MIN_STARTS,
     MIN_WAVES,
-    PACKAGES,
-    PLANS,
     PROCEDURE,
     ROOT,
+    packages,
+    plan,
     sha256,
 )
 from server.validation.probes import GateProvider
@@ -39,19 +40,9 @@ def _version(name: str) -> str | None:
 
 
 def weight_files(family: str) -> dict[str, str]:
-    """sha256 of every file the family's weights are read from."""
-    if family == "silero_vad":
-        from backends.silero_vad.weights import package_file
-
-        paths = [package_file("silero_vad_16k.safetensors")]
-    elif family == "piper":
-        from backends.piper.loader import voice_paths
-
-        paths = list(voice_paths())
-    else:
-        from backends.whisper.session import default_model_dir
-
-        paths = sorted(default_model_dir().iterdir())
+    """sha256 of every file the family's weights are read from (its entry's ``weights``)."""
+    files = registry.family(family).weights
+    paths = files() if files is not None else []
     return {p.name: sha256(p.read_bytes()) for p in paths if p.is_file()}
 
 
@@ -82,7 +73,7 @@ def manifest(gate: Gate) -> dict[str, Any]:
 
     return {
         "family": gate.family,
-        "task": gate.plan.task,
+        "task": registry.family(gate.family).task,
         "backend": "numpy",
         "device": "cpu",
         "precision": "float32 on host (weights as shipped, upcast on load)",
@@ -97,7 +88,7 @@ def manifest(gate: Gate) -> dict[str, Any]:
             "stream_mode": gate.plan.stream_mode,
         },
         "candidate": source_identity(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": {name: _version(name) for name in packages()},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "blas": [
@@ -203,8 +194,7 @@ def run_gate(
     """
     from threadpoolctl import threadpool_limits
 
-    if family not in PLANS:
-        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PLANS)}")
+    plan(family)  # ValueError for a family without a plan, before anything runs
     gate = Gate(
         family, slots, starts, waves, make_provider or (lambda: GateProvider(ThreadedProvider()))
     )

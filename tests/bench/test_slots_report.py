@@ -47,7 +47,7 @@ def test_rss_is_read_from_proc() -> None:
 
 
 def test_tiny_vad_report_has_identical_outputs_and_no_failures() -> None:
-    row = slots.run(slots.vad_workload(seconds=1.0), n=2, repeats=3)
+    row = slots.run(slots.workload("silero_vad", seconds=1.0), n=2, repeats=3)
     assert (row.model, row.n, row.repeats) == ("silero_vad", 2, 3)
     assert row.failures == 0
     assert row.identical
@@ -73,7 +73,7 @@ def test_tiny_vad_report_has_identical_outputs_and_no_failures() -> None:
 def test_differing_outputs_are_reported() -> None:
     counter = itertools.count()
     workload = attrs.evolve(
-        slots.vad_workload(seconds=0.5), fingerprint=lambda _: str(next(counter))
+        slots.workload("silero_vad", seconds=0.5), fingerprint=lambda _: str(next(counter))
     )
     row = slots.run(workload, n=2, repeats=3)
     assert row.failures == 0
@@ -81,7 +81,7 @@ def test_differing_outputs_are_reported() -> None:
 
 
 def test_failed_requests_are_counted() -> None:
-    good = slots.vad_workload(seconds=0.5)
+    good = slots.workload("silero_vad", seconds=0.5)
 
     def requests(n: int) -> list[Any]:
         return ["not a VadRequest"] * n
@@ -93,9 +93,9 @@ def test_failed_requests_are_counted() -> None:
 
 def test_too_few_repeats_or_slots_are_refused() -> None:
     with pytest.raises(ValueError):
-        slots.run(slots.vad_workload(seconds=0.5), n=2, repeats=2)
+        slots.run(slots.workload("silero_vad", seconds=0.5), n=2, repeats=2)
     with pytest.raises(ValueError):
-        slots.run(slots.vad_workload(seconds=0.5), n=1, repeats=3)
+        slots.run(slots.workload("silero_vad", seconds=0.5), n=1, repeats=3)
 
 
 def test_each_model_runs_in_a_fresh_interpreter() -> None:

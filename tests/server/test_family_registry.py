@@ -1,0 +1,207 @@
+"""The family registry: a new family is one backend package plus one registry entry.
+
+A tiny family (tests/server/energy_vad: a backend package whose module also holds its
+one entry and HTTP adapter) is registered, and the configuration, the provider, the
+HTTP routes, the OpenAPI document and model management accept it with no other module
+changed. A guard reads server/ and bench/ and fails when a module other than a
+family's own names a bundled family.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import io
+import json
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import numpy as np
+import pytest
+
+from server.config import ConfigError, embedded_default, parse_config
+from server.families import registry
+from server.families.base import Family
+from server.http.app import build_app
+from server.provider import ThreadedProvider
+from server.serving import make_state
+from tests.server import energy_vad
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "registry-test-token"
+
+
+@pytest.fixture()
+def energy() -> Iterator[Family]:
+    registry.register(energy_vad.ENTRY)
+    try:
+        yield energy_vad.ENTRY
+    finally:
+        registry.unregister(energy_vad.NAME)
+
+
+def tone_wav() -> bytes:
+    """Half a second of silence, then half a second of a 440 Hz tone; 16 kHz mono 16-bit."""
+    t = np.arange(8000) / 16000
+    audio = np.concatenate([np.zeros(8000), 0.5 * np.sin(2 * np.pi * 440 * t)])
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((audio * 32767).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def config(**extra: object) -> dict[str, object]:
+    model = {"id": "energy", "family": "energy_vad", "load_options": {"frame_ms": "10"}}
+    return {"models": [model], **extra}
+
+
+def test_config_parses_a_registered_family(energy: Family) -> None:
+    (model,) = parse_config(config()).models
+    assert (model.family, model.task, dict(model.load_options)) == (
+        "energy_vad",
+        "vad",
+        {"frame_ms": "10"},
+    )
+    bad_option = config()
+    bad_option["models"] = [{"id": "e", "family": "energy_vad", "load_options": {"x": 1}}]
+    with pytest.raises(ConfigError, match=r"unknown load_options key 'x'.*known: frame_ms"):
+        parse_config(bad_option)
+    wrong_task = {"models": [{"id": "e", "family": "energy_vad", "task": "asr"}]}
+    with pytest.raises(ConfigError, match="family energy_vad serves task 'vad', not 'asr'"):
+        parse_config(wrong_task)
+    with pytest.raises(ConfigError, match=r"unknown family 'nope' \(.*energy_vad\)"):
+        parse_config({"models": [{"id": "e", "family": "nope"}]})
+    assert "energy" not in [m.id for m in embedded_default().models]  # no embedded model
+
+
+def test_an_unregistered_family_is_unknown_again() -> None:
+    with pytest.raises(ConfigError, match="unknown family 'energy_vad'"):
+        parse_config(config())
+
+
+def test_the_provider_loads_it_through_its_entry(energy: Family) -> None:
+    (model,) = parse_config(
+        {"models": [{"id": "e", "family": "energy_vad", "mode": "streaming"}]}
+    ).models
+
+    async def load() -> tuple[str, str, int]:
+        provider = ThreadedProvider()
+        factory = await provider.load(model.spec())
+        try:
+            return factory.family, factory.mode, factory.frame  # type: ignore[attr-defined]
+        finally:
+            await provider.release(model.spec(), factory)
+
+    # the spec's mode reaches load_factory (mode_option); frame_ms defaults to 20 ms
+    assert anyio.run(load) == ("energy_vad", "streaming", 320)
+
+
+async def serve_energy() -> None:
+    """The routes a VAD family serves, the model listing, management and the OpenAPI document."""
+    wav = tone_wav()
+    speech = [{"start_sample": 8000, "end_sample": 16000}]
+    state = make_state(parse_config(config(ui_management=True, management_token=TOKEN)))
+    transport = httpx.ASGITransport(app=build_app(state))
+    async with state.runtime, httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        files = {"file": ("t.wav", wav)}
+        r = await c.post("/v1/audio/vad", data={"model": "energy"}, files=files)
+        assert r.status_code == 200, r.text
+        assert r.json()["segments"] == speech
+        assert r.json()["timing"]["audio_duration_ms"] == 1000.0
+        body = {"model": "energy", "request": {"audio_base64": base64.b64encode(wav).decode()}}
+        r = await c.post("/v1/tasks/run", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["segments"] == speech
+        r = await c.post("/v1/tasks/stream", json=body)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["events"]) == 100  # one per 10 ms frame
+        r = await c.post("/v1/tasks/run", json={**body, "request": {"threshold": 2}})
+        assert r.status_code == 400 and "'threshold'" in r.text  # the adapter's own check
+        rows = {row["id"]: row for row in (await c.get("/v1/models")).json()["data"]}
+        assert (rows["energy"]["family"], rows["energy"]["task"]) == ("energy_vad", "vad")
+        load = await c.post(
+            "/v1/models/load",
+            json={"id": "energy2", "family": "energy_vad", "load_options": {"frame_ms": "20"}},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        assert load.status_code == 200, load.text
+        schema = (await c.get("/openapi.json")).json()
+        assert '"energy_vad"' in json.dumps(schema["paths"]["/v1/models/load"])
+
+
+def test_the_http_routes_serve_it(energy: Family) -> None:
+    anyio.run(serve_energy)
+
+
+# --------------------------------------------------------------- the guard
+def own_modules(entry: Family) -> set[Path]:
+    """The modules that may name ``entry``'s family: its entry, its adapter, its bench."""
+    families = ROOT / "server" / "families"
+    own = {families / f"{entry.name}.py", families / f"{entry.name}_http.py"}
+    return own | ({ROOT / "bench" / f"{entry.bench}.py"} if entry.bench else set())
+
+
+def namings(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` names a family of ``names``: a string equal to one, or an import of one's
+    backend package (``line: what``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.append(f"{node.lineno}: {node.value!r}")
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "backends" and len(parts) > 1 and parts[1] in names:
+                found.append(f"{node.lineno}: import {module}")
+    return found
+
+
+def test_only_a_familys_own_modules_name_it() -> None:
+    """Consumers read the registry: no module of server/ or bench/ names a bundled family
+    (a string equal to its name, an import of its backend package) except its own."""
+    allowed = {ROOT / "server" / "families" / "registry.py"}
+    for entry in registry.ENTRIES:
+        allowed |= own_modules(entry)
+        assert (ROOT / "server" / "families" / f"{entry.name}.py").is_file()
+    names = {entry.name for entry in registry.ENTRIES}
+    paths = [*sorted((ROOT / "server").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
+    offences = [
+        f"{path.relative_to(ROOT)}:{hit}"
+        for path in paths
+        if path not in allowed
+        for hit in namings(path, names)
+    ]
+    assert offences == []
+
+
+def test_the_guard_sees_a_named_family(tmp_path: Path) -> None:
+    module = tmp_path / "consumer.py"
+    module.write_text(
+        'import backends.piper\nFAMILY = "piper"\nOTHER = "piper-tts"\n"""About piper."""\n'
+    )
+    assert namings(module, {"piper"}) == ["1: import backends.piper", "2: 'piper'"]
+
+
+# --------------------------------------------------------------- the bundled entries
+@pytest.mark.parametrize("entry", registry.ENTRIES, ids=lambda e: e.name)
+def test_each_bundled_entry_is_complete(entry: Family) -> None:
+    adapter = entry.adapter()
+    assert adapter.task == entry.task
+    common = ("check", "voices", "json", "chunk_json", "duration")
+    extra = ("aliases", "request", "audio") if entry.task == "tts" else ("request", "check_fields")
+    assert all(callable(getattr(adapter, name)) for name in (*common, *extra))
+    assert entry.plan is not None and entry.weights is not None
+    assert entry.run_request is not None and entry.workload is not None
+    assert set(entry.modes) <= {"offline", "streaming"}
+    assert bool(entry.voices) == (entry.task == "tts")
+    assert entry.path_option is None or entry.path_option in entry.load_options
