@@ -43,7 +43,7 @@ def contended(cycles: int) -> float:
     def submit(manager: bool = False) -> None:
         nonlocal ticket
         ticket += 1
-        d = adm.manage(ticket, now, 0) if manager else adm.request(ticket, now, 5.0)
+        d = adm.manage(ticket, now, None) if manager else adm.request(ticket, now, 5.0)
         if isinstance(d, Granted):
             holders.append(ticket)
 

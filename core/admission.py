@@ -16,11 +16,13 @@ enqueue order, which gives the rules:
 * the overdue rule: a request that cannot take the fast path is rejected at once
   when every occupied slot has overrun its timeout (or an exclusive holder has),
   whatever else is queued; a manager is rejected at once when any slot has;
-* timeout 0 waits forever and disables the overdue rule.
+* an unbounded timeout (None) waits forever and disables the overdue rule.
 
-Time is ``now`` in seconds, passed by the caller; timeouts are seconds (0 =
-unbounded). Beyond the original: an optional queue-length bound for requests,
-cancellation of a queued waiter whose client went away, and a
+Time is ``now`` in seconds, passed by the caller; timeouts are positive seconds,
+or None for unbounded (:mod:`core.policy`: the one spelling of "no limit"; the
+HTTP and config value 0 is converted before it gets here). Beyond the original:
+an optional queue-length bound for requests (None: no bound), cancellation of a
+queued waiter whose client went away, and a
 :class:`RetryAfter` on every refusal and expiry: when a slot would be free for
 a client that joined the queue now, from the hold times observed so far, the
 holders' time already spent and the requests queued ahead.
@@ -38,7 +40,7 @@ import attrs
 
 from core.events import Reason, busy_message
 from core.lease import Lease, LeaseKind, LeaseLedger
-from core.policy import overrun
+from core.policy import exceeds, overrun
 from core.pool import MAX_PARALLEL_SESSIONS
 
 
@@ -165,6 +167,13 @@ Decision = Granted | Queued | Rejected
 NO_WAKEUPS = Wakeups()
 
 
+def check_timeout(timeout: float | None) -> None:
+    """A busy timeout is finite positive seconds, or None (unbounded); anything else (0, which
+    external formats use for unbounded, or infinity) is a caller bug."""
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise ValueError(f"a timeout is positive seconds or None (unbounded), got {timeout!r}")
+
+
 class Admission:
     """The FIFO scheduler of one model's slots and its exclusive management lease."""
 
@@ -242,14 +251,15 @@ class Admission:
         return min(deadlines) if deadlines else None
 
     # --------------------------------------------------------------- requests
-    def request(self, ticket: int, now: float, timeout: float) -> Decision:
+    def request(self, ticket: int, now: float, timeout: float | None) -> Decision:
         """Admit one inference request: grant a slot, queue it, or reject it at once.
 
         Fast path first (no overrun checks); then the overdue rule; then the
         optional queue bound; otherwise the request queues behind everything
-        already waiting, with a deadline ``now + timeout`` when ``timeout > 0``.
+        already waiting, with a deadline ``now + timeout`` unless it is unbounded.
         """
         self._check_new_ticket(ticket)
+        check_timeout(timeout)
         if not self._admitting:
             return self._reject(ticket, Reason.SHUTTING_DOWN, now)
         if self._exclusive is None and not self._queue:
@@ -259,17 +269,17 @@ class Admission:
         overdue = self._request_overdue(now, timeout)
         if overdue is not None:
             return self._reject(ticket, overdue, now)
-        if self.max_queue is not None and self._queued_requests >= self.max_queue:
+        if exceeds(self._queued_requests + 1, self.max_queue):
             return self._reject(ticket, Reason.QUEUE_FULL, now)
         return self._enqueue(ticket, LeaseKind.REQUEST, now, timeout)
 
-    def _request_overdue(self, now: float, timeout: float) -> Reason | None:
+    def _request_overdue(self, now: float, timeout: float | None) -> Reason | None:
         """The overdue rule for a request that cannot take the fast path (reference §3.4).
 
         Rejected when the exclusive holder has overrun ``timeout``, or when no
         exclusive lease is held and *every occupied* slot has overrun it. Free
         slots and queued waiters (managers included) never suppress the rule;
-        one healthy occupied slot permits bounded waiting; timeout 0 disables it.
+        one healthy occupied slot permits bounded waiting; an unbounded timeout disables it.
         """
         if overrun(self._exclusive_since, now, timeout):
             return Reason.EXCLUSIVE_OVERDUE
@@ -277,13 +287,13 @@ class Admission:
         if (
             occupied
             and self._exclusive is None
-            and timeout > 0
+            and timeout is not None
             and all(overrun(s, now, timeout) for s in occupied)
         ):
             return Reason.SLOTS_OVERDUE
         return None
 
-    def manage(self, ticket: int, now: float, timeout: float) -> Decision:
+    def manage(self, ticket: int, now: float, timeout: float | None) -> Decision:
         """Admit one management operation: exclusive use of the whole model.
 
         Fails fast when the exclusive holder or *any* slot has overrun ``timeout``
@@ -291,6 +301,7 @@ class Admission:
         is granted once every earlier waiter is served and no slot is occupied.
         """
         self._check_new_ticket(ticket)
+        check_timeout(timeout)
         if overrun(self._exclusive_since, now, timeout):
             return self._reject(ticket, Reason.EXCLUSIVE_OVERDUE, now)
         if any(overrun(s, now, timeout) for s in self._since):
@@ -450,8 +461,8 @@ class Admission:
             return NO_WAKEUPS
         return Wakeups(tuple(granted), tuple(expired))
 
-    def _enqueue(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
-        deadline = now + timeout if timeout > 0 and math.isfinite(timeout) else None
+    def _enqueue(self, ticket: int, kind: LeaseKind, now: float, timeout: float | None) -> Decision:
+        deadline = None if timeout is None else now + timeout
         waiter = Waiter(ticket, kind, now, deadline)
         self._queue.append(waiter)
         self._waiting[ticket] = waiter

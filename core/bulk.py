@@ -4,7 +4,7 @@ The selection is a snapshot (deduplicated; unknown ids reported apart). Every
 barrier is enqueued in one synchronous step, so two overlapping bulk calls with
 reversed selections cannot each hold one model while waiting for the other:
 every shared model sees the first call's barrier before the second's. Barriers
-use timeout 0 (never fail fast, never expire). Models whose barrier is granted at
+have no timeout (None: never fail fast, never expire). Models whose barrier is granted at
 once (ready and idle, or unloaded) are unloaded before the call waits for any
 busy or loading model; the rest are unloaded as their barriers are granted.
 """
@@ -71,7 +71,7 @@ class BulkUnload:
         for entry in entries:
             ticket = registry.new_ticket()
             tickets[entry.id] = ticket
-            decision = entry.admission.manage(ticket, now, 0)
+            decision = entry.admission.manage(ticket, now, None)
             (ready if isinstance(decision, Granted) else waiting).append(entry.id)
         return cls(
             selected=tuple(e.id for e in entries),

@@ -4,9 +4,9 @@ Without ``--parallel-jobs`` a model has one session and one timed lock, taken by
 requests and management alike. There is no FIFO and no management priority:
 when the lock frees, *some* waiter gets it; ``choose`` decides which (the
 oldest by default; the simulator passes a seeded choice, and replay forces the
-recorded one). With a timeout > 0 a caller fails fast when the current holder
-has overrun it; otherwise it waits at most the timeout. Timeout 0 is a plain
-blocking lock.
+recorded one). With a timeout a caller fails fast when the current holder has
+overrun it; otherwise it waits at most the timeout. An unbounded timeout (None)
+is a plain blocking lock.
 
 It subclasses :class:`~core.admission.Admission` so that leases, lifecycle,
 residency, bulk unload, the recorder and the invariant checker work unchanged:
@@ -26,6 +26,7 @@ from core.admission import (
     Rejected,
     Waiter,
     Wakeups,
+    check_timeout,
 )
 from core.events import Reason
 from core.lease import Lease, LeaseKind
@@ -56,11 +57,11 @@ class GuardAdmission(Admission):
         """Whether someone holds the lock."""
         return not self._lock_free()
 
-    def request(self, ticket: int, now: float, timeout: float) -> Decision:
+    def request(self, ticket: int, now: float, timeout: float | None) -> Decision:
         """Take the lock for one inference, wait for it, or fail fast on an overrun holder."""
         return self._acquire(ticket, LeaseKind.REQUEST, now, timeout)
 
-    def manage(self, ticket: int, now: float, timeout: float) -> Decision:
+    def manage(self, ticket: int, now: float, timeout: float | None) -> Decision:
         """Management takes the same lock, with no priority over requests."""
         return self._acquire(ticket, LeaseKind.MANAGEMENT, now, timeout)
 
@@ -75,15 +76,16 @@ class GuardAdmission(Admission):
     def _lock_free(self) -> bool:
         return self._exclusive is None and self._active == 0
 
-    def _acquire(self, ticket: int, kind: LeaseKind, now: float, timeout: float) -> Decision:
+    def _acquire(self, ticket: int, kind: LeaseKind, now: float, timeout: float | None) -> Decision:
         self._check_new_ticket(ticket)
+        check_timeout(timeout)
         if kind is LeaseKind.REQUEST and not self._admitting:
             return self._reject(ticket, Reason.SHUTTING_DOWN, now)
         if self._lock_free():
             return Granted(self._grant(ticket, kind, now), fast=True)
         since = self._since[0] if self._since[0] is not None else self._exclusive_since
         if overrun(since, now, timeout):
-            assert since is not None
+            assert since is not None and timeout is not None
             message = (
                 f"model '{self.model}' is busy: current inference has run "
                 f"{round((now - since) * 1000)} ms (busy_timeout_ms={round(timeout * 1000)}); "

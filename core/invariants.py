@@ -14,6 +14,7 @@ import attrs
 from core.admission import Admission
 from core.lease import LeaseKind
 from core.lifecycle import ModelState
+from core.policy import exceeds
 from core.registry import Registry
 
 
@@ -122,7 +123,7 @@ def check_registry(registry: Registry, now: float) -> list[Violation]:
             out.append(Violation(4, entry.id, "ready pool is not of the current generation"))
     limits = registry.limits
     resident = [e for e in registry.entries() if e.resident]
-    if limits.max_loaded_models > 0 and len(resident) > limits.max_loaded_models:
+    if exceeds(len(resident), limits.max_loaded_models):
         out.append(
             Violation(
                 5,
@@ -131,7 +132,7 @@ def check_registry(registry: Registry, now: float) -> list[Violation]:
                 f"max_loaded_models={limits.max_loaded_models}",
             )
         )
-    if limits.memory_budget > 0 and sum(e.memory_bytes for e in resident) > limits.memory_budget:
+    if exceeds(sum(e.memory_bytes for e in resident), limits.memory_budget):
         out.append(Violation(5, "*", "resident memory exceeds the budget"))
     return out
 

@@ -1,14 +1,22 @@
-"""Policy rules: busy-timeout resolution, slot-count validation, runtime selection.
+"""Policy rules: limits, busy-timeout resolution, slot-count validation, runtime selection.
 
-These are the small pure functions every other decision leans on. Busy timeouts
-here are integers in milliseconds, as in the config file and the HTTP API; 0 means
-unbounded and compares as infinity on both sides.
+These are the small pure functions every other decision leans on.
+
+"No limit" has one representation in typed APIs: ``None`` (a :data:`Limit`, or
+``float | None`` for seconds). That covers busy timeouts, the residency limits
+(``max_loaded_models``, the memory budget), the queue bound and idle retirement.
+The external formats keep their documented spelling: config files, HTTP fields,
+CLI flags and trace files write "no limit" as 0 (``busy_timeout_ms``,
+``max_loaded_models``, ``memory_budget_mb``, ``idle_unload_ms``; ``max_queue`` is
+absent or null). They are converted once, where they are read: :func:`bound` and
+:func:`ms_to_seconds` on the way in, :func:`unbound_as_zero` on the way out, and
+:func:`exceeds` / :func:`excess` compare against a limit.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 
@@ -64,18 +72,49 @@ def unwrap(result: Valid | Invalid) -> int:
     return result.value
 
 
-def resolve_busy_timeout(ceiling_ms: int, override_ms: int | None = None) -> int:
-    """The effective busy timeout of one request (reference §2.5).
+Limit = int | None
+"""An upper bound on a count or an amount of bytes; None: no limit."""
 
-    The ceiling is the model's ``busy_timeout_ms`` if set, else the server's. A
-    request may only shorten it: no override, or an override <= 0, keeps the
-    ceiling; a ceiling <= 0 (unbounded) takes the override; otherwise the smaller.
+N = TypeVar("N", int, float)
+
+
+def bound(value: N) -> N | None:
+    """A limit as the external formats write it (0, or less: no limit) as a typed one."""
+    return value if value > 0 else None
+
+
+def unbound_as_zero(limit: float | None) -> float:
+    """A typed limit in seconds as trace files write it (0.0: no limit)."""
+    return 0.0 if limit is None else limit
+
+
+def exceeds(amount: float, limit: float | None) -> bool:
+    """Whether ``amount`` is over ``limit`` (strictly; never when there is no limit)."""
+    return limit is not None and amount > limit
+
+
+def excess(amount: int, limit: Limit) -> int:
+    """How far ``amount`` is over ``limit`` (0 within it, or when there is no limit)."""
+    return 0 if limit is None else max(0, amount - limit)
+
+
+def ms_to_seconds(ms: int) -> float | None:
+    """Milliseconds as config files and HTTP fields write them (0: no limit) as the seconds
+    that typed APIs take (None: no limit)."""
+    return None if ms <= 0 else ms / 1000.0
+
+
+def resolve_busy_timeout(ceiling: float | None, override: float | None = None) -> float | None:
+    """The effective busy timeout of one request, in seconds (reference §2.5; None: unbounded).
+
+    A request may only shorten the ceiling: no override keeps it; an unbounded
+    ceiling takes the override; otherwise the smaller of the two.
     """
-    if override_ms is None or override_ms <= 0:
-        return ceiling_ms
-    if ceiling_ms <= 0:
-        return override_ms
-    return min(override_ms, ceiling_ms)
+    if override is None:
+        return ceiling
+    if ceiling is None:
+        return override
+    return min(override, ceiling)
 
 
 def model_ceiling(server_ms: int, model_ms: int | None) -> int:
@@ -83,15 +122,24 @@ def model_ceiling(server_ms: int, model_ms: int | None) -> int:
     return server_ms if model_ms is None else model_ms
 
 
-def overrun(since: float | None, now: float, timeout: float) -> bool:
+def busy_timeout(
+    server_ms: int, model_ms: int | None, override_ms: int | None = None
+) -> float | None:
+    """The busy timeout of one holder of a model, in seconds (None: unbounded), from the
+    milliseconds of the config file and the HTTP body: the model's ``busy_timeout_ms`` if set,
+    else the server's (0: unbounded), shortened by a request's (absent or 0: keep the ceiling)."""
+    ceiling = ms_to_seconds(model_ceiling(server_ms, model_ms))
+    override = None if override_ms is None else ms_to_seconds(override_ms)
+    return resolve_busy_timeout(ceiling, override)
+
+
+def overrun(since: float | None, now: float, timeout: float | None) -> bool:
     """Whether a holder granted at ``since`` has overrun ``timeout`` at ``now``.
 
-    Never for an unbounded timeout (<= 0) or a free holder (None); otherwise
+    Never for an unbounded timeout (None) or a free holder (None); otherwise
     strictly greater: a holder exactly at its timeout is not yet overrun.
     """
-    if timeout <= 0 or since is None:
-        return False
-    return now - since > timeout
+    return since is not None and exceeds(now - since, timeout)
 
 
 def validate_slots(value: object, capacity: int | None = None) -> Valid | Invalid:
@@ -144,8 +192,3 @@ def validate_timeout_ms(value: object, name: str = "busy_timeout_ms") -> Valid |
             Reason.INVALID_TIMEOUT, f"{name} must be an integer between 0 and {TIMEOUT_MS_MAX}"
         )
     return Valid(value)
-
-
-def ms_to_seconds(ms: int) -> float:
-    """Milliseconds to the seconds the admission machines use (0 stays 0 = unbounded)."""
-    return ms / 1000.0

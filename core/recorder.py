@@ -21,7 +21,7 @@ from core.entry import ModelEntry
 from core.events import Reason, TraceRecord
 from core.lease import LeaseKind
 from core.lifecycle import Abandoned, LoadOutcome, Nothing, Proceed, StartLoad, Teardown, WaitLoad
-from core.policy import RuntimeKind
+from core.policy import RuntimeKind, unbound_as_zero
 from core.registry import Existing, Registered, Registry
 from core.residency import Eviction, ResidencyLimits, RoomDecision, retire_idle
 
@@ -268,15 +268,15 @@ class Core:
         return r
 
     # -------------------------------------------------------------- admission
-    def request(self, model: str, ticket: int, now: float, timeout: float) -> Decision:
+    def request(self, model: str, ticket: int, now: float, timeout: float | None) -> Decision:
         d = self.entry(model).admission.request(ticket, now, timeout)
-        args = {"ticket": ticket, "timeout": timeout}
+        args = {"ticket": ticket, "timeout": unbound_as_zero(timeout)}
         self._record(now, model, "request", args, decision_fields(d), decision_reason(d))
         return d
 
-    def manage(self, model: str, ticket: int, now: float, timeout: float) -> Decision:
+    def manage(self, model: str, ticket: int, now: float, timeout: float | None) -> Decision:
         d = self.entry(model).admission.manage(ticket, now, timeout)
-        args = {"ticket": ticket, "timeout": timeout}
+        args = {"ticket": ticket, "timeout": unbound_as_zero(timeout)}
         self._record(now, model, "manage", args, decision_fields(d), decision_reason(d))
         return d
 
@@ -399,8 +399,8 @@ class Core:
         self._record(now, "", "bulk_publish", {"ids": selection}, fields)
         return bulk
 
-    def retire_idle(self, now: float, idle_seconds: float) -> tuple[Eviction, ...]:
+    def retire_idle(self, now: float, idle_seconds: float | None) -> tuple[Eviction, ...]:
         victims = retire_idle(self.registry, now, idle_seconds)
-        args = {"idle_seconds": idle_seconds}
+        args = {"idle_seconds": unbound_as_zero(idle_seconds)}
         self._record(now, "", "retire_idle", args, eviction_fields(victims))
         return victims

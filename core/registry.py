@@ -22,7 +22,7 @@ from core.entry import ModelEntry
 from core.guard import GuardAdmission
 from core.lease import Lease
 from core.lifecycle import Lifecycle, Proceed, StartLoad, WaitLoad
-from core.policy import RuntimeKind
+from core.policy import RuntimeKind, exceeds
 from core.residency import ResidencyLimits, RoomDecision, make_room
 
 
@@ -198,12 +198,11 @@ class Registry:
         nothing changes (False): the estimate never pushes residency past the
         budget behind the limits' back.
         """
-        budget = self.limits.memory_budget
-        if entry.resident and budget > 0:
+        if entry.resident:
             others = sum(
                 e.memory_bytes for e in self._entries.values() if e.resident and e is not entry
             )
-            if others + memory_bytes > budget:
+            if exceeds(others + memory_bytes, self.limits.memory_budget):
                 return False
         entry.memory_bytes = memory_bytes
         return True

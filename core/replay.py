@@ -4,7 +4,8 @@ Every decision core makes is a function of the calls made to it, so replaying
 the calls in order must reproduce every recorded decision. :func:`replay`
 returns the first record whose decision differs (a divergence: the trace came
 from different code, or from a run whose calls were not all recorded), or None
-when all match.
+when all match. Trace files write "no limit" as 0 (the config record's limits, timeouts,
+idle seconds), as :mod:`core.recorder` writes it; it is read back as None here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import attrs
 from core.events import Reason, TraceRecord
 from core.guard import GuardAdmission
 from core.lifecycle import StartLoad
-from core.policy import RuntimeKind
+from core.policy import RuntimeKind, bound
 from core.recorder import Core
 from core.residency import ResidencyLimits
 
@@ -67,7 +68,7 @@ def replay(
         cfg = records[0].args
         kind = RuntimeKind(cfg.get("runtime", "parallel"))
         if limits is None:
-            limits = ResidencyLimits(
+            limits = ResidencyLimits.from_config(
                 int(cfg.get("max_loaded_models", 0)), int(cfg.get("memory_budget", 0))
             )
             raw_queue = cfg.get("max_queue")
@@ -118,9 +119,9 @@ def _apply(core: Core, rec: TraceRecord) -> None:
     elif ev == "register":
         core.register(m, int(a["slots"]), int(a["memory_bytes"]), t)
     elif ev == "request":
-        core.request(m, int(a["ticket"]), t, float(a["timeout"]))
+        core.request(m, int(a["ticket"]), t, bound(float(a["timeout"])))
     elif ev == "manage":
-        core.manage(m, int(a["ticket"]), t, float(a["timeout"]))
+        core.manage(m, int(a["ticket"]), t, bound(float(a["timeout"])))
     elif ev == "try_acquire":
         core.try_acquire(m, int(a["ticket"]), t)
     elif ev == "release":
@@ -160,6 +161,6 @@ def _apply(core: Core, rec: TraceRecord) -> None:
         ids = a.get("ids")
         core.bulk_publish(None if ids is None else list(ids), t)
     elif ev == "retire_idle":
-        core.retire_idle(t, float(a["idle_seconds"]))
+        core.retire_idle(t, bound(float(a["idle_seconds"])))
     else:
         raise ValueError(f"unknown trace event {ev!r}")

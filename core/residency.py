@@ -23,14 +23,21 @@ from core.entry import ModelEntry
 from core.events import Reason
 from core.lease import Lease
 from core.lifecycle import ModelState, StartLoad
+from core.policy import Limit, bound, excess
 
 
 @attrs.frozen
 class ResidencyLimits:
-    """``max_loaded_models`` (0 = no limit) and a memory budget in bytes (0 = none)."""
+    """``max_loaded_models`` and a memory budget in bytes (None: no limit, as everywhere in typed
+    APIs; see :mod:`core.policy`)."""
 
-    max_loaded_models: int = 0
-    memory_budget: int = 0
+    max_loaded_models: Limit = None
+    memory_budget: Limit = None
+
+    @classmethod
+    def from_config(cls, max_loaded_models: int, memory_budget: int) -> ResidencyLimits:
+        """The limits as config files and trace files write them (0: no limit)."""
+        return cls(bound(max_loaded_models), bound(memory_budget))
 
 
 class Models(Protocol):
@@ -71,14 +78,10 @@ def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecisio
     """Take the idle LRU victims needed so that ``incoming`` fits the limits, or refuse."""
     limits = registry.limits
     others = [e for e in registry.entries() if e is not incoming and e.resident]
-    need_models = 0
-    if limits.max_loaded_models > 0:
-        need_models = max(0, len(others) - (limits.max_loaded_models - 1))
-    need_bytes = 0
-    if limits.memory_budget > 0:
-        need_bytes = max(
-            0, sum(e.memory_bytes for e in others) + incoming.memory_bytes - limits.memory_budget
-        )
+    need_models = excess(len(others) + 1, limits.max_loaded_models)
+    need_bytes = excess(
+        sum(e.memory_bytes for e in others) + incoming.memory_bytes, limits.memory_budget
+    )
     if need_models == 0 and need_bytes == 0:
         return RoomDecision()
     candidates = sorted(
@@ -122,9 +125,10 @@ def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecisio
     return RoomDecision(evictions=tuple(evictions))
 
 
-def retire_idle(registry: Models, now: float, idle_seconds: float) -> tuple[Eviction, ...]:
-    """Idle retirement: take every ready model unused for ``idle_seconds`` that is idle now."""
-    if idle_seconds <= 0:
+def retire_idle(registry: Models, now: float, idle_seconds: float | None) -> tuple[Eviction, ...]:
+    """Idle retirement: take every ready model unused for ``idle_seconds`` that is idle now
+    (None: models are never retired)."""
+    if idle_seconds is None:
         return ()
     out = []
     for entry in registry.entries():

@@ -22,7 +22,7 @@ from typing import Any
 from core.bulk import BulkUnload
 from core.events import TraceRecord
 from core.lifecycle import ModelState
-from core.policy import RuntimeKind
+from core.policy import RuntimeKind, bound, exceeds
 from core.residency import Eviction
 from server.runtime import Runtime
 from server.runtime.ports import ModelSpec
@@ -91,11 +91,11 @@ class Monitor:
         adm = entry.admission
         fifo = getattr(rt.config, "kind", RuntimeKind.PARALLEL) is RuntimeKind.PARALLEL
         if fifo and r.event == "request" and r.fields.get("outcome") == "queued":
-            timeout = float(r.args["timeout"])
+            timeout = bound(float(r.args["timeout"]))  # the trace writes unbounded as 0
             since = [s for _, s in adm.occupied().values()]
             if (
                 adm.exclusive_ticket is None
-                and timeout > 0
+                and timeout is not None
                 and since
                 and all(r.t - s > timeout for s in since)
             ):
@@ -139,9 +139,9 @@ class Monitor:
             for e in registry.entries()
             if e is not incoming and e.lifecycle.state in SPEC_RESIDENT
         ]
-        fits_count = limits.max_loaded_models <= 0 or len(others) < limits.max_loaded_models
+        fits_count = not exceeds(len(others) + 1, limits.max_loaded_models)
         used = sum(e.memory_bytes for e in others) + (incoming.memory_bytes if incoming else 0)
-        fits_memory = limits.memory_budget <= 0 or used <= limits.memory_budget
+        fits_memory = not exceeds(used, limits.memory_budget)
         if fits_count and fits_memory:
             self.flag(
                 f"invariant 5 ({r.model}): load refused ({r.reason}) although only "
@@ -174,21 +174,24 @@ class Monitor:
             )
 
     def check_retirements(
-        self, now: float, idle_seconds: float, victims: Sequence[Eviction]
+        self, now: float, idle_seconds: float | None, victims: Sequence[Eviction]
     ) -> None:
-        """Reference §4.8: a model is idle from the end of its last request, stream or batch."""
+        """Reference §4.8: a model is idle from the end of its last request, stream or batch
+        (``idle_seconds`` None: retirement is off, so there must be no victim)."""
         for v in victims:
             ended = self.last_use_end.get(v.model)
-            if ended is not None and now - ended < idle_seconds - IDLE_SLACK:
+            if idle_seconds is None:
+                self.flag(f"invariant 5 ({v.model}): retired as idle with retirement off")
+            elif ended is not None and now - ended < idle_seconds - IDLE_SLACK:
                 self.flag(
                     f"invariant 5 ({v.model}): retired as idle at t={now} although its last use "
                     f"ended at t={ended}, less than {idle_seconds}s before"
                 )
 
     def wrap_retire(
-        self, retire: Callable[[float, float], tuple[Eviction, ...]]
-    ) -> Callable[[float, float], tuple[Eviction, ...]]:
-        def wrapped(now: float, idle_seconds: float) -> tuple[Eviction, ...]:
+        self, retire: Callable[[float, float | None], tuple[Eviction, ...]]
+    ) -> Callable[[float, float | None], tuple[Eviction, ...]]:
+        def wrapped(now: float, idle_seconds: float | None) -> tuple[Eviction, ...]:
             victims = retire(now, idle_seconds)
             self.check_retirements(now, idle_seconds, victims)
             return victims

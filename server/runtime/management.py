@@ -62,7 +62,7 @@ class Host(Protocol):
     closed: bool
 
     def spec(self, model: str) -> ModelSpec: ...
-    def ceiling_seconds(self, model: str) -> float: ...
+    def ceiling_seconds(self, model: str) -> float | None: ...
     async def admit(self, model: str, ticket: int, decision: Decision) -> Lease: ...
     def release(self, model: str, ticket: int) -> None: ...
     def apply(self, wakeups: Wakeups) -> None: ...
@@ -268,7 +268,9 @@ class Management:
 
     async def idle_loop(self) -> None:
         """Retire models idle longer than ``idle_unload_ms`` (polling like the original)."""
-        idle_s = self.rt.config.idle_unload_ms / 1000.0
+        idle_s = self.rt.config.idle_unload_seconds
+        if idle_s is None:  # idle retirement is off
+            return
         period = max(1.0, idle_s / 10.0)
         while True:
             await self.rt.clock.sleep_until(self.rt.clock.now() + period)

@@ -34,7 +34,7 @@ from core.admission import Granted, Queued, Rejected, RetryAfter, Wakeups
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
-from core.policy import model_ceiling, ms_to_seconds, resolve_busy_timeout
+from core.policy import busy_timeout
 from core.pool import (
     CreateClone,
     CreatePrimary,
@@ -44,7 +44,7 @@ from core.pool import (
 )
 from core.recorder import Core
 from core.registry import ModelStatus, Registered
-from core.residency import Eviction, ResidencyLimits, RoomDecision
+from core.residency import Eviction, RoomDecision
 from server.runtime.errors import BusyError, LoadError, NotFoundError
 from server.runtime.management import BulkResult, Management
 from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
@@ -92,9 +92,8 @@ class Runtime:
         self.provider = provider
         self.config = config or RuntimeConfig()
         self.clock: Clock = clock or SystemClock()
-        limits = ResidencyLimits(self.config.max_loaded_models, self.config.memory_budget)
         self.core = Core(
-            limits,
+            self.config.residency_limits,
             max_queue=self.config.max_queue,
             sink=trace,
             kind=self.config.kind,
@@ -131,7 +130,7 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         self._tg_cm = anyio.create_task_group()
         self._tg = await self._tg_cm.__aenter__()
-        if self.config.idle_unload_ms > 0:
+        if self.config.idle_unload_seconds is not None:
             self._tg.start_soon(self.management.idle_loop)
         return self
 
@@ -225,15 +224,15 @@ class Runtime:
             raise NotFoundError(Reason.NOT_FOUND, f"unknown model id: {model}")
         return spec
 
-    def ceiling_seconds(self, model: str) -> float:
-        spec = self.spec(model)
-        return ms_to_seconds(model_ceiling(self.config.busy_timeout_ms, spec.busy_timeout_ms))
+    def ceiling_seconds(self, model: str) -> float | None:
+        """The busy timeout of a manager on ``model``, in seconds (None: unbounded)."""
+        return busy_timeout(self.config.busy_timeout_ms, self.spec(model).busy_timeout_ms)
 
-    def request_timeout(self, model: str, override_ms: int | None) -> float:
-        """The effective busy timeout of a request, in seconds (0 = unbounded)."""
-        spec = self.spec(model)
-        ceiling = model_ceiling(self.config.busy_timeout_ms, spec.busy_timeout_ms)
-        return ms_to_seconds(resolve_busy_timeout(ceiling, override_ms))
+    def request_timeout(self, model: str, override_ms: int | None) -> float | None:
+        """The effective busy timeout of a request, in seconds (None: unbounded)."""
+        return busy_timeout(
+            self.config.busy_timeout_ms, self.spec(model).busy_timeout_ms, override_ms
+        )
 
     # ------------------------------------------------------------ admission
     def apply(self, wakeups: Wakeups) -> None:

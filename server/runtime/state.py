@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import attrs
 
-from core.policy import RuntimeKind
+from core.policy import RuntimeKind, ms_to_seconds
 from core.pool import SessionFactory, SessionPool
+from core.residency import ResidencyLimits
 from server.runtime.ports import ModelSpec
 
 
 @attrs.frozen
 class RuntimeConfig:
-    """Process-wide settings (milliseconds as in the config file)."""
+    """Process-wide settings, as the config file writes them: milliseconds, bytes, and 0 for no
+    limit (``max_queue``: None for no bound). The runtime reads them converted, as the typed
+    values core takes (None for no limit, :mod:`core.policy`): :attr:`residency_limits`,
+    :attr:`idle_unload_seconds`, and busy timeouts through :func:`core.policy.busy_timeout`."""
 
     busy_timeout_ms: int = 300_000
     max_loaded_models: int = 0
@@ -19,6 +23,16 @@ class RuntimeConfig:
     max_queue: int | None = None
     idle_unload_ms: int = 0
     kind: RuntimeKind = RuntimeKind.PARALLEL
+
+    @property
+    def residency_limits(self) -> ResidencyLimits:
+        """``max_loaded_models`` and ``memory_budget`` (None: no limit)."""
+        return ResidencyLimits.from_config(self.max_loaded_models, self.memory_budget)
+
+    @property
+    def idle_unload_seconds(self) -> float | None:
+        """How long a model may stay idle before it is retired (None: never)."""
+        return ms_to_seconds(self.idle_unload_ms)
 
 
 @attrs.define

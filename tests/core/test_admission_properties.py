@@ -16,7 +16,7 @@ from core.admission import Admission, Granted, Queued, Rejected, Wakeups
 from core.invariants import check_admission
 from core.lease import LeaseKind
 
-TIMEOUTS = st.sampled_from([0.0, 0.01, 0.05, 0.2, 1.0])
+TIMEOUTS = st.sampled_from([None, 0.01, 0.05, 0.2, 1.0])
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -68,7 +68,7 @@ class AdmissionMachine(RuleBasedStateMachine):
             self._absorb(self.adm.expire(self.now))
 
     @rule(timeout=TIMEOUTS)
-    def request(self, timeout: float) -> None:
+    def request(self, timeout: float | None) -> None:
         t = self._ticket()
         was_idle_queue = not self.queued
         d = self.adm.request(t, self.now, timeout)
@@ -77,7 +77,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         self._decide(t, d)
 
     @rule(timeout=TIMEOUTS)
-    def manage(self, timeout: float) -> None:
+    def manage(self, timeout: float | None) -> None:
         t = self._ticket()
         self._decide(t, self.adm.manage(t, self.now, timeout))
 

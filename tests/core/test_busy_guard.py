@@ -21,8 +21,8 @@ def drain(g: GuardAdmission, holder: int, now: float) -> list[int]:
 
 def test_timeout_zero_waits_forever_behind_wedged_holder() -> None:
     g = GuardAdmission("m")
-    assert isinstance(g.request(1, 0.0, 0), Granted)
-    dec = g.request(2, 1000.0, 0)
+    assert isinstance(g.request(1, 0.0, None), Granted)
+    dec = g.request(2, 1000.0, None)
     assert isinstance(dec, Queued) and dec.deadline is None
     assert not g.expire(10_000.0)
     assert g.state().queued_requests == 1
@@ -30,9 +30,9 @@ def test_timeout_zero_waits_forever_behind_wedged_holder() -> None:
 
 def test_eight_workers_all_park_with_timeout_zero() -> None:
     g = GuardAdmission("m")
-    g.request(0, 0.0, 0)
+    g.request(0, 0.0, None)
     for t in range(1, 9):
-        assert isinstance(g.request(t, 0.0, 0), Queued)
+        assert isinstance(g.request(t, 0.0, None), Queued)
     assert g.state().queued_requests == 8
     assert sorted(drain(g, 0, 1.0)) == list(range(1, 9))
     assert g.is_idle()
@@ -40,7 +40,7 @@ def test_eight_workers_all_park_with_timeout_zero() -> None:
 
 def test_every_worker_busy_with_fifty_ms() -> None:
     g = GuardAdmission("m")
-    g.request(0, 0.0, 0)
+    g.request(0, 0.0, None)
     for t in range(1, 9):
         assert isinstance(g.request(t, 0.0, 0.050), Queued)
     wake = g.expire(0.050)
@@ -52,7 +52,7 @@ def test_every_worker_busy_with_fifty_ms() -> None:
 
 def test_overrun_holder_rejects_at_once() -> None:
     g = GuardAdmission("m")
-    g.request(1, 0.0, 0)
+    g.request(1, 0.0, None)
     dec = g.request(2, 0.2, 0.050)
     assert isinstance(dec, Rejected)
     assert "current inference has run 200 ms (busy_timeout_ms=50)" in dec.message
@@ -61,7 +61,7 @@ def test_overrun_holder_rejects_at_once() -> None:
 
 def test_guard_reusable_after_long_run_and_after_error() -> None:
     g = GuardAdmission("m")
-    g.request(1, 0.0, 0)
+    g.request(1, 0.0, None)
     g.release(1, 100.0)
     assert isinstance(g.request(2, 100.0, 0.05), Granted)
     g.release(2, 100.1)  # error path releases too
@@ -76,30 +76,30 @@ def test_idle_guard_acquires_immediately() -> None:
 
 def test_no_fifo_the_chooser_decides() -> None:
     g = GuardAdmission("m", choose=lambda c: c[-1])
-    g.request(0, 0.0, 0)
+    g.request(0, 0.0, None)
     for t in (1, 2, 3):
-        g.request(t, 0.0, 0)
+        g.request(t, 0.0, None)
     assert drain(g, 0, 1.0) == [3, 2, 1]
 
 
 def test_management_has_no_priority_and_shares_the_lock() -> None:
     g = GuardAdmission("m")
-    g.request(1, 0.0, 0)
-    assert isinstance(g.request(2, 0.0, 0), Queued)
-    assert isinstance(g.manage(3, 0.0, 0), Queued)
+    g.request(1, 0.0, None)
+    assert isinstance(g.request(2, 0.0, None), Queued)
+    assert isinstance(g.manage(3, 0.0, None), Queued)
     wake = g.release(1, 1.0).wakeups
     assert [lease.ticket for lease in wake.granted] == [2], "the older request is not overtaken"
     wake = g.release(2, 2.0).wakeups
     assert wake.granted[0].kind is LeaseKind.MANAGEMENT
-    assert isinstance(g.request(4, 2.0, 0), Queued), "no request while management holds the lock"
+    assert isinstance(g.request(4, 2.0, None), Queued), "no request while management holds the lock"
     assert not check_admission(g, 2.0)
 
 
 def test_forced_choice_replays_a_recorded_order() -> None:
     g = GuardAdmission("m")
-    g.request(0, 0.0, 0)
+    g.request(0, 0.0, None)
     for t in (1, 2, 3):
-        g.request(t, 0.0, 0)
+        g.request(t, 0.0, None)
     g.forced = [2]
     assert [lease.ticket for lease in g.release(0, 1.0).wakeups.granted] == [2]
 

@@ -16,10 +16,10 @@ from core.guard import GuardAdmission
 
 def test_request_at_a_due_deadline_leaves_the_expiry_to_expire() -> None:
     adm = Admission("m", 1)
-    assert isinstance(adm.request(1, 8.0, 0), Granted)
+    assert isinstance(adm.request(1, 8.0, None), Granted)
     due = adm.request(2, 8.0, 2.0)
     assert isinstance(due, Queued) and due.deadline == 10.0
-    late = adm.request(3, 10.0, 0)
+    late = adm.request(3, 10.0, None)
     assert isinstance(late, Queued) and late.position == 1
     wakeups = adm.expire(10.0)
     assert [e.ticket for e in wakeups.expired] == [2]
@@ -28,17 +28,17 @@ def test_request_at_a_due_deadline_leaves_the_expiry_to_expire() -> None:
 
 def test_manage_at_a_due_deadline_leaves_the_expiry_to_expire() -> None:
     adm = Admission("m", 1)
-    adm.request(1, 0.0, 0)
+    adm.request(1, 0.0, None)
     adm.request(2, 0.0, 1.0)
-    assert isinstance(adm.manage(3, 1.0, 0), Queued)
+    assert isinstance(adm.manage(3, 1.0, None), Queued)
     assert [e.ticket for e in adm.expire(1.0).expired] == [2]
 
 
 def test_guard_enqueue_at_a_due_deadline_leaves_the_expiry_to_expire() -> None:
     g = GuardAdmission("m")
-    assert isinstance(g.request(1, 0.0, 0), Granted)
+    assert isinstance(g.request(1, 0.0, None), Granted)
     assert isinstance(g.request(2, 0.0, 1.0), Queued)
-    assert isinstance(g.request(3, 1.0, 0), Queued)
+    assert isinstance(g.request(3, 1.0, None), Queued)
     wakeups = g.expire(1.0)
     assert [e.ticket for e in wakeups.expired] == [2]
     assert [lease.ticket for lease in g.release(1, 1.0).wakeups.granted] == [3]

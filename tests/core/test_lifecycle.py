@@ -44,7 +44,7 @@ def add(
 def warm(reg: Registry, entry: ModelEntry, now: float = 0.0) -> None:
     """Run one request to completion on ``entry``, loading it if needed."""
     t = reg.new_ticket()
-    assert isinstance(entry.admission.request(t, now, 0), Granted)
+    assert isinstance(entry.admission.request(t, now, None), Granted)
     d = reg.ensure_loaded(entry, t, now)
     if isinstance(d, RoomDecision):
         for ev in d.evictions:
@@ -65,7 +65,7 @@ def test_first_load_has_one_initializer_and_publishes_complete_pool() -> None:
     tickets = [reg.new_ticket() for _ in range(4)]
     decisions = []
     for t in tickets:
-        assert isinstance(m.admission.request(t, 0.0, 0), Granted)
+        assert isinstance(m.admission.request(t, 0.0, None), Granted)
         decisions.append(reg.ensure_loaded(m, t, 0.0))
     assert isinstance(decisions[0], RoomDecision) and decisions[0].load == StartLoad(tickets[0], 0)
     assert all(isinstance(d, WaitLoad) and d.initializer == tickets[0] for d in decisions[1:])
@@ -106,7 +106,7 @@ def test_invalid_reconfiguration_preserves_live_state() -> None:
     m = add(reg, "m", slots=2)
     warm(reg, m)
     t = reg.new_ticket()
-    assert isinstance(m.admission.manage(t, 1.0, 0), Granted)
+    assert isinstance(m.admission.manage(t, 1.0, None), Granted)
     m.lifecycle.begin_reconfigure()
     m.lifecycle.reject_reconfigure()  # e.g. task 'invalid_task' failed validation
     m.admission.release(t, 1.0)
@@ -122,7 +122,7 @@ def test_unsupported_capacity_preserves_registration(slots: int) -> None:
     warm(reg, m)
     generation = m.admission.generation
     t = reg.new_ticket()
-    m.admission.manage(t, 1.0, 0)
+    m.admission.manage(t, 1.0, None)
     m.lifecycle.begin_reconfigure()
     check = validate_slots(5, capacity=4)
     assert isinstance(check, Invalid) and "capacity=4" in check.message
@@ -140,7 +140,7 @@ def test_dynamic_capacity_changes_use_parallel_lifecycle() -> None:
     warm(reg, m)
     for now, slots in enumerate([2, 1, 4, 1], start=1):
         t = reg.new_ticket()
-        assert isinstance(m.admission.manage(t, float(now), 0), Granted)
+        assert isinstance(m.admission.manage(t, float(now), None), Granted)
         m.lifecycle.begin_reconfigure()
         assert isinstance(m.commit_reconfigure(slots), Teardown)
         m.lifecycle.unload_finished()
@@ -162,13 +162,13 @@ def test_older_work_before_management(slots: int, reconfigure: bool) -> None:
     warm(reg, m)
     running = [reg.new_ticket() for _ in range(slots)]
     for t in running:
-        assert isinstance(m.admission.request(t, 1.0, 0), Granted)
+        assert isinstance(m.admission.request(t, 1.0, None), Granted)
     older = reg.new_ticket()
-    assert isinstance(m.admission.request(older, 1.0, 0), Queued)
+    assert isinstance(m.admission.request(older, 1.0, None), Queued)
     manager = reg.new_ticket()
-    assert isinstance(m.admission.manage(manager, 1.0, 0), Queued)
+    assert isinstance(m.admission.manage(manager, 1.0, None), Queued)
     later = reg.new_ticket()
-    assert isinstance(m.admission.request(later, 1.0, 0), Queued)
+    assert isinstance(m.admission.request(later, 1.0, None), Queued)
     wake = m.admission.release(running[0], 2.0).wakeups
     assert [lease.ticket for lease in wake.granted] == [older]
     assert wake.granted[0].generation == 0, "the older request binds the old configuration"
@@ -199,10 +199,10 @@ def test_overlapping_managers_run_in_arrival_order() -> None:
     m = add(reg, "m", slots=2)
     warm(reg, m)
     run = reg.new_ticket()
-    m.admission.request(run, 1.0, 0)
+    m.admission.request(run, 1.0, None)
     first, last = reg.new_ticket(), reg.new_ticket()
-    m.admission.manage(first, 1.0, 0)
-    m.admission.manage(last, 1.0, 0)
+    m.admission.manage(first, 1.0, None)
+    m.admission.manage(last, 1.0, None)
     assert m.admission.state().queued_management == 2
     order = []
     wake = m.admission.release(run, 2.0).wakeups
@@ -228,10 +228,10 @@ def test_unload_cannot_skip_a_load_in_progress() -> None:
     reg = Registry()
     m = add(reg, "m")
     t = reg.new_ticket()
-    m.admission.request(t, 0.0, 0)
+    m.admission.request(t, 0.0, None)
     reg.ensure_loaded(m, t, 0.0)
     unload = reg.new_ticket()
-    assert isinstance(m.admission.manage(unload, 0.0, 0), Queued), (
+    assert isinstance(m.admission.manage(unload, 0.0, None), Queued), (
         "the loading request holds a slot"
     )
     m.lifecycle.load_succeeded(t)
@@ -247,7 +247,7 @@ def test_bulk_releases_idle_first(hold_metadata: bool) -> None:
     idle = add(reg, "idle")
     warm(reg, idle)
     cold = reg.new_ticket()
-    slow.admission.request(cold, 1.0, 0)
+    slow.admission.request(cold, 1.0, None)
     reg.ensure_loaded(slow, cold, 1.0)  # slow's first load is in flight
     bulk = BulkUnload.publish(reg, None, 1.5)
     action = bulk.next_action()
@@ -279,8 +279,8 @@ def test_overlapping_bulk_operations_publish_one_barrier_each() -> None:
     for e in (a, b, unrelated):
         warm(reg, e)
     ra, rb = reg.new_ticket(), reg.new_ticket()
-    a.admission.request(ra, 1.0, 0)
-    b.admission.request(rb, 1.0, 0)
+    a.admission.request(ra, 1.0, None)
+    b.admission.request(rb, 1.0, None)
     first = BulkUnload.publish(reg, ["a", "b", "a"], 1.0)
     assert a.admission.state().queued_management == 1 and b.admission.state().queued_management == 1
     second = BulkUnload.publish(reg, ["b", "a"], 1.0)
@@ -309,12 +309,12 @@ def test_retiring_resident_does_not_count(limit: int) -> None:
     if limit == 2:
         warm(reg, keeper)
     manager = reg.new_ticket()
-    retiring.admission.manage(manager, 1.0, 0)
+    retiring.admission.manage(manager, 1.0, None)
     assert isinstance(retiring.lifecycle.begin_unload(), Teardown)
     assert not retiring.resident and not retiring.lifecycle.loaded
     # teardown still in progress: the incoming load proceeds and evicts nobody
     t = reg.new_ticket()
-    incoming.admission.request(t, 1.1, 0)
+    incoming.admission.request(t, 1.1, None)
     d = reg.ensure_loaded(incoming, t, 1.1)
     assert isinstance(d, RoomDecision) and d.load is not None and d.evictions == ()
     incoming.lifecycle.load_succeeded(t)
@@ -337,7 +337,7 @@ def test_eviction_takes_idle_lru_victim_and_refuses_when_all_busy() -> None:
     warm(reg, old, 1.0)
     warm(reg, recent, 2.0)
     t = reg.new_ticket()
-    cold.admission.request(t, 3.0, 0)
+    cold.admission.request(t, 3.0, None)
     d = reg.ensure_loaded(cold, t, 3.0)
     assert isinstance(d, RoomDecision) and [e.model for e in d.evictions] == ["old"]
     assert old.lifecycle.state is ModelState.UNLOADING
@@ -345,9 +345,9 @@ def test_eviction_takes_idle_lru_victim_and_refuses_when_all_busy() -> None:
     old.admission.release(d.evictions[0].lease.ticket, 3.0)
     # now both residents are busy: a further cold load is refused and nothing is evicted
     busy = reg.new_ticket()
-    recent.admission.request(busy, 3.5, 0)
+    recent.admission.request(busy, 3.5, None)
     t2 = reg.new_ticket()
-    other.admission.request(t2, 4.0, 0)
+    other.admission.request(t2, 4.0, None)
     d2 = reg.ensure_loaded(other, t2, 4.0)
     assert isinstance(d2, RoomDecision) and d2.refused is not None
     assert d2.refused[0] is Reason.RESIDENCY_LIMIT
@@ -361,7 +361,7 @@ def test_memory_budget_counts_logical_residency() -> None:
     a, b = add(reg, "a", memory=60), add(reg, "b", memory=60)
     warm(reg, a)
     t = reg.new_ticket()
-    b.admission.request(t, 1.0, 0)
+    b.admission.request(t, 1.0, None)
     d = reg.ensure_loaded(b, t, 1.0)
     assert isinstance(d, RoomDecision) and [e.model for e in d.evictions] == ["a"]
 
@@ -377,7 +377,7 @@ def test_registration_is_visible_while_loading_and_duplicates_queue() -> None:
     dup = reg.register("fresh", slots=2, now=0.1)
     assert isinstance(dup, Existing)
     t = reg.new_ticket()
-    assert isinstance(dup.entry.admission.manage(t, 0.1, 0), Queued)
+    assert isinstance(dup.entry.admission.manage(t, 0.1, None), Queued)
     assert r.entry.admission.state().queued_management == 1
     r.entry.lifecycle.load_succeeded(r.lease.ticket)
     wake = r.entry.admission.release(r.lease.ticket, 0.2).wakeups
@@ -396,10 +396,10 @@ def test_idle_retirement_takes_only_idle_models_past_ttl() -> None:
     warm(reg, busy, 0.0)
     warm(reg, fresh, 9.0)
     reg_t = reg.new_ticket()
-    busy.admission.request(reg_t, 0.5, 0)
+    busy.admission.request(reg_t, 0.5, None)
     victims = retire_idle(reg, 10.0, idle_seconds=5.0)
     assert [v.model for v in victims] == ["idle"]
-    assert retire_idle(reg, 10.0, idle_seconds=0) == ()
+    assert retire_idle(reg, 10.0, idle_seconds=None) == ()
 
 
 def test_lifecycle_rejects_illegal_transitions() -> None:
@@ -425,7 +425,7 @@ def test_original_runtime_bulk_unload_skips_unpublished_first_load() -> None:
     slow, idle = add(reg, "slow"), add(reg, "idle")
     warm(reg, idle)
     cold = reg.new_ticket()
-    assert isinstance(slow.admission.request(cold, 1.0, 0), Granted)
+    assert isinstance(slow.admission.request(cold, 1.0, None), Granted)
     reg.ensure_loaded(slow, cold, 1.0)  # first load in flight, nothing published
     bulk = BulkUnload.publish(reg, None, 1.5)
     assert bulk.selected == ("idle",), "the unpublished first load is skipped, not waited for"
@@ -445,7 +445,7 @@ def _core_with(models: tuple[str, ...], limits: ResidencyLimits) -> Core:
 def _start(core: Core, model: str, now: float) -> int:
     """A request lease on ``model`` at ``now`` (loading the model if it must)."""
     ticket = core.new_ticket(now)
-    assert isinstance(core.request(model, ticket, now, 0.0), Granted)
+    assert isinstance(core.request(model, ticket, now, None), Granted)
     d = core.ensure_loaded(model, ticket, now)
     if isinstance(d, RoomDecision):
         assert d.load is not None and not d.evictions
@@ -462,7 +462,7 @@ def test_lru_eviction_counts_from_the_end_of_the_last_use() -> None:
     core.release("long", t_long, 10.0)
     assert (core.entry("long").last_used, core.entry("short").last_used) == (10.0, 3.0)
     ticket = core.new_ticket(11.0)
-    core.request("cold", ticket, 11.0, 0.0)
+    core.request("cold", ticket, 11.0, None)
     d = core.ensure_loaded("cold", ticket, 11.0)
     assert isinstance(d, RoomDecision) and [e.model for e in d.evictions] == ["short"]
 

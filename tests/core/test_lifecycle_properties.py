@@ -118,7 +118,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def request(self, m: str) -> None:
         t = self.reg.new_ticket()
         self.roles[t] = "request"
-        d = self.entry(m).admission.request(t, self.now, 0)
+        d = self.entry(m).admission.request(t, self.now, None)
         if isinstance(d, Granted):
             self.start_holder(m, d.lease)
         elif not isinstance(d, Queued):
@@ -131,7 +131,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def manage(self, m: str, kind: str) -> None:
         t = self.reg.new_ticket()
         self.roles[t] = kind
-        d = self.entry(m).admission.manage(t, self.now, 0)
+        d = self.entry(m).admission.manage(t, self.now, None)
         if isinstance(d, Granted):
             self.start_holder(m, d.lease)
 

@@ -29,14 +29,14 @@ class Driver:
     def ticket(self) -> int:
         return next(self.tickets)
 
-    def request(self, now: float, timeout: float) -> tuple[int, Granted | Queued | Rejected]:
+    def request(self, now: float, timeout: float | None) -> tuple[int, Granted | Queued | Rejected]:
         t = self.ticket()
         d = self.adm.request(t, now, timeout)
         if isinstance(d, Granted):
             self._record(t, d.lease.slot)
         return t, d
 
-    def manage(self, now: float, timeout: float) -> tuple[int, Granted | Queued | Rejected]:
+    def manage(self, now: float, timeout: float | None) -> tuple[int, Granted | Queued | Rejected]:
         t = self.ticket()
         d = self.adm.manage(t, now, timeout)
         if isinstance(d, Granted):
@@ -74,12 +74,12 @@ def zeros(adm: Admission) -> bool:
 def test_fifo(slots: int) -> None:
     adm = Admission("m", slots)
     d = Driver(adm)
-    held = [d.request(0.0, 0)[0] for _ in range(slots)]
-    first, q1 = d.request(0.0, 0)
+    held = [d.request(0.0, None)[0] for _ in range(slots)]
+    first, q1 = d.request(0.0, None)
     assert isinstance(q1, Queued) and adm.state().queued_requests == 1
-    manager, q2 = d.manage(0.0, 0)
+    manager, q2 = d.manage(0.0, None)
     assert isinstance(q2, Queued) and adm.state().queued_management == 1
-    later = [d.request(0.0, 0)[0] for _ in range(16)]
+    later = [d.request(0.0, None)[0] for _ in range(16)]
     assert adm.state().queued_requests == 17
     waiters = {first, manager, *later}
     d.admitted.clear()
@@ -96,11 +96,11 @@ def test_fifo(slots: int) -> None:
 def test_oldest_request(slots: int) -> None:
     adm = Admission("m", slots)
     d = Driver(adm)
-    held = [d.request(0.0, 0)[0] for _ in range(slots)]
+    held = [d.request(0.0, None)[0] for _ in range(slots)]
     oldest, _ = d.request(0.0, 2.0)
     later = []
     for i in range(16):
-        t, dec = d.request(0.01 * (i + 1), 0)
+        t, dec = d.request(0.01 * (i + 1), None)
         assert isinstance(dec, Queued)
         later.append(t)
         assert adm.state().queued_requests == i + 2
@@ -124,15 +124,15 @@ def test_oldest_request(slots: int) -> None:
 def test_management_reservations() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    running, _ = d.request(0.0, 0)
+    running, _ = d.request(0.0, None)
     # a) a reservation cannot be taken while inference runs; later work queues behind it
-    first_reservation, dec = d.manage(0.0, 0)
+    first_reservation, dec = d.manage(0.0, None)
     assert isinstance(dec, Queued)
-    later, dec = d.request(0.0, 0)
+    later, dec = d.request(0.0, None)
     assert isinstance(dec, Queued), (
         "a request must not use the spare slot ahead of a queued manager"
     )
-    second_reservation, _ = d.manage(0.0, 0)
+    second_reservation, _ = d.manage(0.0, None)
     cancelled = adm.cancel(first_reservation, 0.001)
     assert isinstance(cancelled, Cancelled) and cancelled.was == "queued"
     d.absorb(cancelled.wakeups)
@@ -145,7 +145,7 @@ def test_management_reservations() -> None:
     assert isinstance(adm.try_acquire(probe, 0.004), Granted)
     adm.release(probe, 0.004)
     # c) on an idle model a reservation is granted at once and excludes try_acquire
-    reservation, dec = d.manage(0.005, 0)
+    reservation, dec = d.manage(0.005, None)
     assert isinstance(dec, Granted) and dec.lease.kind is LeaseKind.MANAGEMENT
     assert isinstance(adm.try_acquire(d.ticket(), 0.005), Rejected)
     adm.release(reservation, 0.006)
@@ -153,7 +153,7 @@ def test_management_reservations() -> None:
     assert isinstance(adm.try_acquire(probe, 0.006), Granted)
     # d) expiring and unbounded reservations behind an exclusive holder leak nothing
     expiring, _ = d.manage(0.007, 0.010)
-    unbounded, _ = d.manage(0.007, 0)
+    unbounded, _ = d.manage(0.007, None)
     wake = adm.expire(0.027)
     assert [e.ticket for e in wake.expired] == [expiring]
     assert adm.cancel(unbounded, 0.027).was == "queued"
@@ -168,10 +168,10 @@ def test_management_reservations() -> None:
 def test_overdue_with_waiting_management(slots: int, occupied: int, managers: int) -> None:
     adm = Admission("m", slots)
     d = Driver(adm)
-    held = [d.request(0.0, 0)[0] for _ in range(occupied)]
+    held = [d.request(0.0, None)[0] for _ in range(occupied)]
     mgrs = []
     for _ in range(managers):
-        t, dec = d.manage(0.0, 0)
+        t, dec = d.manage(0.0, None)
         assert isinstance(dec, Queued)
         mgrs.append(t)
     t, dec = d.request(0.030, 0.015)
@@ -193,14 +193,14 @@ def test_overdue_with_waiting_management(slots: int, occupied: int, managers: in
 def test_management_priority(disable_timeout: bool) -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    old, _ = d.request(0.0, 0)
+    old, _ = d.request(0.0, None)
     held = [old]
     if not disable_timeout:
-        healthy, _ = d.request(0.225, 0)
+        healthy, _ = d.request(0.225, None)
         held.append(healthy)
-    manager, dec = d.manage(0.225, 0)
+    manager, dec = d.manage(0.225, None)
     assert isinstance(dec, Queued)
-    request, dec = d.request(0.226, 0 if disable_timeout else 0.200)
+    request, dec = d.request(0.226, None if disable_timeout else 0.200)
     assert isinstance(dec, Queued), "a healthy blocker (or timeout 0) permits bounded waiting"
     for h in held:
         d.release(h, 0.227)
@@ -250,7 +250,7 @@ def test_legacy_block_free_slot_reused() -> None:
 def test_legacy_block_manager_waits_then_excludes() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    b, _ = d.request(0.0, 0)
+    b, _ = d.request(0.0, None)
     manager, dec = d.manage(0.001, 1.0)
     assert isinstance(dec, Queued)
     assert not adm.expire(0.021)
@@ -289,7 +289,7 @@ def test_legacy_block_no_slot_shared_under_contention() -> None:
             w = pending_workers.pop(rng.randrange(len(pending_workers)))
             t = d.ticket()
             current[t] = w
-            dec = adm.request(t, now, 0)
+            dec = adm.request(t, now, None)
             if isinstance(dec, Granted):
                 on_grant(t, dec.lease.slot)
         elif holding:
@@ -311,7 +311,7 @@ def test_legacy_block_no_slot_shared_under_contention() -> None:
 def test_legacy_block_error_path_release_frees_model() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    t, _ = d.request(0.0, 0)
+    t, _ = d.request(0.0, None)
     # the holder failed; its owner releases in its error path
     adm.release(t, 0.01)
     assert isinstance(adm.try_acquire(d.ticket(), 0.01), Granted)
@@ -320,7 +320,7 @@ def test_legacy_block_error_path_release_frees_model() -> None:
 def test_legacy_block_manager_timeout_wakes_stranded_request() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    held, _ = d.request(0.0, 0)
+    held, _ = d.request(0.0, None)
     with pytest.raises(RuntimeError, match="cannot resize occupied slots"):
         adm.configure(1)
     manager, dec = d.manage(0.0, 0.150)
@@ -339,7 +339,7 @@ def test_legacy_block_manager_timeout_wakes_stranded_request() -> None:
 def test_legacy_block_fast_path_ignores_stale_slot() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    stale, ds = d.request(0.0, 0)
+    stale, ds = d.request(0.0, None)
     _, dec = d.request(0.025, 0.010)
     assert isinstance(dec, Granted) and isinstance(ds, Granted)
     assert dec.lease.slot != ds.lease.slot and dec.fast
@@ -348,7 +348,7 @@ def test_legacy_block_fast_path_ignores_stale_slot() -> None:
 def test_legacy_block_resize_under_exclusive_lease() -> None:
     adm = Admission("m", 2)
     d = Driver(adm)
-    manager, dec = d.manage(0.0, 0)
+    manager, dec = d.manage(0.0, None)
     assert isinstance(dec, Granted)
     generation = adm.configure(1)
     assert generation == 1 and adm.state().slots == 1

@@ -73,7 +73,9 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 _real_request = Admission.request
 
 
-def _request_overdue_suppressed(self: Admission, now: float, timeout: float) -> Reason | None:
+def _request_overdue_suppressed(
+    self: Admission, now: float, timeout: float | None
+) -> Reason | None:
     """v1: ``all_overrun`` started as ``!exclusive && !waiting_exclusive`` (reference §3.9, §8.1).
 
     :meth:`Admission._request_overdue` with one change (marked): while a manager
@@ -87,14 +89,14 @@ def _request_overdue_suppressed(self: Admission, now: float, timeout: float) -> 
         occupied
         and self._exclusive is None
         and self._queued_management == 0  # the bug: a waiting manager disables the check
-        and timeout > 0
+        and timeout is not None
         and all(overrun(s, now, timeout) for s in occupied)
     ):
         return Reason.SLOTS_OVERDUE
     return None
 
 
-def _request_barging(self: Admission, ticket: int, now: float, timeout: float) -> Decision:
+def _request_barging(self: Admission, ticket: int, now: float, timeout: float | None) -> Decision:
     """Priority-flag design (§8.3): a free slot is taken when no *request* waits, queued
     managers ignored."""
     if self._admitting and self._exclusive is None and self._queued_requests == 0:

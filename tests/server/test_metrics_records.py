@@ -21,7 +21,7 @@ def test_metrics_count_admissions_expiries_loads_and_evictions_from_fields() -> 
         assert isinstance(registered, Registered)
         core.release(model, registered.lease.ticket, 0.0)
     t1 = core.new_ticket(0.0)
-    assert isinstance(core.request("a", t1, 0.0, 0.0), Granted)
+    assert isinstance(core.request("a", t1, 0.0, None), Granted)
     core.ensure_loaded("a", t1, 0.0)
     core.load_succeeded("a", t1, 1, 0.5)
     t2 = core.new_ticket(0.6)
@@ -29,7 +29,7 @@ def test_metrics_count_admissions_expiries_loads_and_evictions_from_fields() -> 
     core.expire("a", 2.0)  # t2's deadline passed
     core.release("a", t1, 2.5)
     t3 = core.new_ticket(3.0)
-    core.request("b", t3, 3.0, 0.0)
+    core.request("b", t3, 3.0, None)
     room = core.ensure_loaded("b", t3, 3.0)  # 'a' is idle: evicted for 'b'
     core.unload_finished("a", 3.2)
     assert [e.model for e in room.evictions] == ["a"]  # type: ignore[union-attr]
