@@ -3,8 +3,8 @@
 A tiny family (tests/server/energy_vad: a backend package whose module also holds its
 one entry and HTTP adapter) is registered, and the configuration, the provider, the
 HTTP routes, the OpenAPI document and model management accept it with no other module
-changed. A guard reads server/ and bench/ and fails when a module other than a
-family's own names a bundled family.
+changed. A guard reads server/ and bench/ and fails when a module names a bundled
+family outside its own entry and adapter (or, in bench/, a bench of its backend).
 """
 
 from __future__ import annotations
@@ -141,46 +141,56 @@ def test_the_http_routes_serve_it(energy: Family) -> None:
 
 # --------------------------------------------------------------- the guard
 def own_modules(entry: Family) -> set[Path]:
-    """The modules that may name ``entry``'s family: its entry, its adapter, its bench."""
+    """The server modules that may name ``entry``'s family: its entry and its adapter."""
     families = ROOT / "server" / "families"
-    own = {families / f"{entry.name}.py", families / f"{entry.name}_http.py"}
-    return own | ({ROOT / "bench" / f"{entry.bench}.py"} if entry.bench else set())
+    return {families / f"{entry.name}.py", families / f"{entry.name}_http.py"}
 
 
-def namings(path: Path, names: set[str]) -> list[str]:
-    """Where ``path`` names a family of ``names``: a string equal to one, or an import of one's
-    backend package (``line: what``)."""
+def backends_imported(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """The families of ``names`` whose backend package ``tree`` imports, with the line."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Constant) and node.value in names:
-            found.append(f"{node.lineno}: {node.value!r}")
+    for node in ast.walk(tree):
         modules: list[str] = []
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == "backends":
+            modules = [f"backends.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             modules = [node.module]
         for module in modules:
             parts = module.split(".")
             if parts[0] == "backends" and len(parts) > 1 and parts[1] in names:
-                found.append(f"{node.lineno}: import {module}")
+                found.append((node.lineno, parts[1]))
     return found
 
 
+def namings(path: Path, names: set[str], measured: bool = False) -> list[str]:
+    """Where ``path`` names a family of ``names`` (``line: what``): a string equal to one, or an
+    import of one's backend package. With ``measured`` (a bench), a module that imports a
+    family's backend measures it directly and may name that family."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = backends_imported(tree, names)
+    own = {name for _, name in imported} if measured else set()
+    found = [f"{line}: import backends.{name}" for line, name in imported if name not in own]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in names - own:
+            found.append(f"{node.lineno}: {node.value!r}")
+    return sorted(found, key=lambda hit: int(hit.split(":")[0]))
+
+
 def test_only_a_familys_own_modules_name_it() -> None:
-    """Consumers read the registry: no module of server/ or bench/ names a bundled family
-    (a string equal to its name, an import of its backend package) except its own."""
+    """Consumers read the registry: no module of server/ names a bundled family (a string equal
+    to its name, an import of its backend package) except the family's own entry and adapter,
+    and no bench names one except a bench that measures that family's backend directly."""
     allowed = {ROOT / "server" / "families" / "registry.py"}
     for entry in registry.ENTRIES:
         allowed |= own_modules(entry)
         assert (ROOT / "server" / "families" / f"{entry.name}.py").is_file()
     names = {entry.name for entry in registry.ENTRIES}
-    paths = [*sorted((ROOT / "server").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py"))]
-    offences = [
-        f"{path.relative_to(ROOT)}:{hit}"
-        for path in paths
-        if path not in allowed
-        for hit in namings(path, names)
-    ]
+    server = [p for p in sorted((ROOT / "server").rglob("*.py")) if p not in allowed]
+    offences = [f"{p.relative_to(ROOT)}:{hit}" for p in server for hit in namings(p, names)]
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        offences += [f"{path.relative_to(ROOT)}:{hit}" for hit in namings(path, names, True)]
     assert offences == []
 
 
@@ -188,8 +198,18 @@ def test_the_guard_sees_a_named_family(tmp_path: Path) -> None:
     module = tmp_path / "consumer.py"
     module.write_text(
         'import backends.piper\nFAMILY = "piper"\nOTHER = "piper-tts"\n"""About piper."""\n'
+        "from backends import whisper\n"
     )
-    assert namings(module, {"piper"}) == ["1: import backends.piper", "2: 'piper'"]
+    names = {"piper", "whisper"}
+    assert namings(module, names) == [
+        "1: import backends.piper",
+        "2: 'piper'",
+        "5: import backends.whisper",
+    ]
+    generic = tmp_path / "generic_bench.py"
+    generic.write_text('MODEL = "piper"\n')
+    assert namings(module, names, measured=True) == []  # it measures piper and whisper
+    assert namings(generic, names, measured=True) == ["1: 'piper'"]
 
 
 # --------------------------------------------------------------- the bundled entries
