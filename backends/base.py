@@ -22,7 +22,11 @@ Array = Any
 
 
 class ArrayBackend(Protocol):
-    """Operations on device arrays. Implementations: numpy (reference), opencl, cuda."""
+    """Operations on device arrays. Implementations: numpy (reference), opencl, cuda.
+
+    Operands whose shapes an op cannot take raise :class:`backends.shapes.ShapeError`
+    (a ``ValueError`` naming the op and the shapes) on every backend.
+    """
 
     name: str
     device: str
@@ -130,6 +134,12 @@ class ArrayBackend(Protocol):
     ) -> Array:
         """softmax(q k^T * scale + mask) v over [..., T, D] tensors."""
         ...
+
+
+OPS: frozenset[str] = frozenset(
+    name for name, value in vars(ArrayBackend).items() if callable(value) and name[0] != "_"
+)
+"""The names of the interface's operations (every backend implements all of them)."""
 
 
 def session_backend(backend: ArrayBackend) -> ArrayBackend:

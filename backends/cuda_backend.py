@@ -1,10 +1,12 @@
 """The CUDA backend: :class:`backends.base.ArrayBackend` on cupy arrays.
 
-Matrix products go to cuBLAS through ``cupy.matmul``; GELU, layer norm, last-axis
-softmax and the LSTM step are fused CUDA kernels (one launch instead of five to
-eight cupy ops each; the LSTM step also makes every batch row's result independent
-of the batch size, as the interface requires); the rest are plain cupy ops that
-mirror the numpy reference. Arrays are C-contiguous float32 ``cupy.ndarray``.
+Every op is :class:`backends.xp_backend.XpBackend`'s with cupy as the array module
+(matrix products go to cuBLAS through ``cupy.matmul``), except GELU, layer norm,
+last-axis softmax and the LSTM step, which are fused CUDA kernels here (one launch
+instead of five to eight cupy ops each; the LSTM step also makes every batch row's
+result independent of the batch size, as the interface requires). Arrays are
+C-contiguous float32 ``cupy.ndarray``; every op runs with this view's device and
+stream current.
 
 cupy is imported lazily (in :func:`make_backend` / the constructor), so this
 module imports, and the test suite collects, on machines without cupy or a GPU.
@@ -14,29 +16,29 @@ read them); ``fork()`` returns a view on the same device with its own non-blocki
 ``cupy.cuda.Stream``, and every op of a view runs on its stream. cupy's memory pool
 is stream-aware, so a session's scratch memory is reused on its own stream.
 
-``CudaBackend.on_host()`` runs the same array-module code with numpy in place of
-cupy and no fused kernels: it lets CI check this module's shape logic (im2col,
-transposed conv, LSTM, attention) without a GPU. The fused kernels are only
-exercised on a GPU (see docs/backends.md and bench/gpu_check.sh).
+``CudaBackend.on_host()`` runs this class with numpy in place of cupy and no fused
+kernels, and ``XpBackend(numpy)`` the generic code it inherits: CI checks both
+without a GPU. The fused kernels are only exercised on a GPU (see
+docs/backends.md and bench/gpu_check.sh).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
-from backends.base import Array
-from backends.erf import ERF_ALPHA, ERF_BETA, c_source
+from backends import shapes
+from backends.base import OPS, Array
+from backends.erf import c_source
+from backends.xp_backend import XpBackend
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _BLOCK = 256  # threads per block of the row kernels (a power of two)
-_CONV_CHUNK = 1 << 26  # im2col elements per time chunk (256 MB of float32)
 
 _CUDA_SOURCE = (
     r"""
@@ -167,11 +169,18 @@ def _scoped(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-class CudaBackend:
+def _scope_ops(cls: type[CudaBackend]) -> type[CudaBackend]:
+    """Wrap every interface op of ``cls`` (its own or inherited) in :func:`_scoped`."""
+    for op in OPS:
+        setattr(cls, op, _scoped(getattr(cls, op)))
+    return cls
+
+
+@_scope_ops
+class CudaBackend(XpBackend):
     """ArrayBackend on one CUDA device via cupy. ``fork()`` gives a per-session stream."""
 
     name = "cuda"
-    xp: Any
     _kernels: Any
     _device_id: int
     _cp: Any
@@ -179,12 +188,17 @@ class CudaBackend:
     def __init__(
         self, device: str = "0", *, _parent: CudaBackend | None = None, _host: bool = False
     ) -> None:
-        self.device = (device or "0").strip()
+        device = (device or "0").strip()
         if _parent is not None:
-            self.xp, self.device, self._kernels = _parent.xp, _parent.device, _parent._kernels
-            self._device_id, self._cp = _parent._device_id, _parent._cp
+            super().__init__(_parent.xp, _parent.device)
+            self._kernels, self._device_id, self._cp = (
+                _parent._kernels,
+                _parent._device_id,
+                _parent._cp,
+            )
         elif _host:
-            self.xp, self._kernels, self._device_id, self._cp = np, None, -1, None
+            super().__init__(np, device)
+            self._kernels, self._device_id, self._cp = None, -1, None
         else:
             try:
                 import cupy as cp  # lazily: the module must import without cupy
@@ -194,10 +208,11 @@ class CudaBackend:
                 ) from exc
 
             count = cp.cuda.runtime.getDeviceCount()
-            self._device_id = int(self.device)
+            self._device_id = int(device)
             if not 0 <= self._device_id < count:
-                raise ValueError(f"cuda: no device {self.device!r}; {count} visible")
-            self.xp, self._cp = cp, cp
+                raise ValueError(f"cuda: no device {device!r}; {count} visible")
+            super().__init__(cp, device)
+            self._cp = cp
             with cp.cuda.Device(self._device_id):
                 self._kernels = _module(cp, self._device_id)
         self._functions: dict[str, Any] = {}
@@ -242,13 +257,6 @@ class CudaBackend:
         return fn
 
     # ---- transfer -------------------------------------------------------
-    @_scoped
-    def to_device(self, host: np.ndarray, dtype: Any = np.float32) -> Array:
-        out = self.xp.asarray(np.ascontiguousarray(host, dtype=dtype))
-        self.finish()  # synchronous upload: weights are read from every session's stream
-        return out
-
-    @_scoped
     def to_host(self, x: Array) -> np.ndarray:
         if isinstance(x, np.ndarray):
             return x
@@ -256,340 +264,76 @@ class CudaBackend:
         self.finish()
         return out
 
-    @_scoped
-    def zeros(self, shape: Sequence[int], dtype: Any = np.float32) -> Array:
-        return self.xp.zeros(tuple(shape), dtype=dtype)
-
-    def _dev(self, x: Any) -> Array:
-        if isinstance(x, self.xp.ndarray):
-            return x
-        return self.xp.asarray(np.asarray(x, dtype=np.float32))
-
-    # ---- shape ----------------------------------------------------------
-    @_scoped
-    def reshape(self, x: Array, shape: Sequence[int]) -> Array:
-        return self._dev(x).reshape(tuple(shape))
-
-    @_scoped
-    def transpose(self, x: Array, axes: Sequence[int]) -> Array:
-        return self.xp.ascontiguousarray(self.xp.transpose(self._dev(x), tuple(axes)))
-
-    @_scoped
-    def concat(self, xs: Sequence[Array], axis: int) -> Array:
-        return self.xp.concatenate([self._dev(x) for x in xs], axis=axis)
-
-    @_scoped
+    # ---- ops with a cupy-specific form ------------------------------------
     def slice(self, x: Array, axis: int, start: int, stop: int) -> Array:
-        x = self._dev(x)
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(start, stop)
-        return self.xp.ascontiguousarray(x[tuple(index)])
+        return self.xp.ascontiguousarray(super().slice(x, axis, start, stop))
 
-    @_scoped
-    def pad(self, x: Array, axis: int, before: int, after: int, mode: str = "constant") -> Array:
-        x = self._dev(x)
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (before, after)
-        return self.xp.pad(x, widths, mode=mode)
-
-    @_scoped
-    def take(self, x: Array, indices: np.ndarray, axis: int) -> Array:
-        idx = self.xp.asarray(np.asarray(indices, dtype=np.int64))
-        return self.xp.take(self._dev(x), idx, axis=axis)
-
-    @_scoped
-    def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
-        src = self._dev(src)
-        index = [slice(None)] * dst.ndim
-        index[axis] = slice(start, start + src.shape[axis])
-        dst[tuple(index)] = src
-
-    # ---- elementwise ----------------------------------------------------
-    @_scoped
-    def add(self, a: Array, b: Array) -> Array:
-        return self._dev(a) + self._dev(b)
-
-    @_scoped
-    def sub(self, a: Array, b: Array) -> Array:
-        return self._dev(a) - self._dev(b)
-
-    @_scoped
-    def mul(self, a: Array, b: Array) -> Array:
-        return self._dev(a) * self._dev(b)
-
-    @_scoped
-    def div(self, a: Array, b: Array) -> Array:
-        return self._dev(a) / self._dev(b)
-
-    @_scoped
-    def scale(self, x: Array, s: float) -> Array:
-        return self._dev(x) * np.float32(s)
-
-    @_scoped
-    def exp(self, x: Array) -> Array:
-        return self.xp.exp(self._dev(x))
-
-    @_scoped
-    def sqrt(self, x: Array) -> Array:
-        return self.xp.sqrt(self._dev(x))
-
-    @_scoped
-    def tanh(self, x: Array) -> Array:
-        return self.xp.tanh(self._dev(x))
-
-    @_scoped
-    def sigmoid(self, x: Array) -> Array:
-        x = self._dev(x)
-        return (np.float32(0.5) * (np.float32(1.0) + self.xp.tanh(np.float32(0.5) * x))).astype(
-            x.dtype, copy=False
-        )
-
-    @_scoped
-    def relu(self, x: Array) -> Array:
-        return self.xp.maximum(self._dev(x), np.float32(0))
-
-    @_scoped
-    def leaky_relu(self, x: Array, slope: float) -> Array:
-        x = self._dev(x)
-        return self.xp.where(x >= 0, x, x * np.float32(slope))
-
-    @_scoped
     def gelu(self, x: Array) -> Array:
-        x = self.xp.ascontiguousarray(self._dev(x))
         kernel = self._kernel("gelu")
         if kernel is None:
-            return _gelu_xp(self.xp, x)
+            return super().gelu(x)
+        x = self.xp.ascontiguousarray(self._dev(x))
         out = self.xp.empty_like(x)
         if x.size:
             blocks = min(-(-x.size // _BLOCK), 65535)
             kernel((blocks,), (_BLOCK,), (out, x, np.int64(x.size)))
         return out
 
-    # ---- reductions -----------------------------------------------------
-    @_scoped
-    def sum(self, x: Array, axis: int, keepdims: bool = False) -> Array:
-        return self.xp.sum(self._dev(x), axis=axis, keepdims=keepdims)
-
-    @_scoped
-    def max(self, x: Array, axis: int, keepdims: bool = False) -> Array:
-        return self.xp.max(self._dev(x), axis=axis, keepdims=keepdims)
-
-    def _softmax(self, x: Array, axis: int, logp: bool) -> Array:
+    def _softmax_rows(self, x: Array, axis: int, logp: bool) -> Array | None:
+        """(log-)softmax over the last axis by the fused kernel; None where it doesn't apply."""
         x = self._dev(x)
         kernel = self._kernel("softmax_rows")
-        if kernel is not None and axis % x.ndim == x.ndim - 1 and x.size:
-            x = self.xp.ascontiguousarray(x)
-            out = self.xp.empty_like(x)
-            n = x.shape[-1]
-            kernel((x.size // n,), (_BLOCK,), (out, x, np.int32(n), np.int32(logp)))
-            return out
-        shifted = x - self.xp.max(x, axis=axis, keepdims=True)
-        if logp:
-            return shifted - self.xp.log(
-                self.xp.sum(self.xp.exp(shifted), axis=axis, keepdims=True)
-            )
-        e = self.xp.exp(shifted)
-        return e / self.xp.sum(e, axis=axis, keepdims=True)
+        if kernel is None or axis % x.ndim != x.ndim - 1 or not x.size:
+            return None
+        x = self.xp.ascontiguousarray(x)
+        out = self.xp.empty_like(x)
+        n = x.shape[-1]
+        kernel((x.size // n,), (_BLOCK,), (out, x, np.int32(n), np.int32(logp)))
+        return out
 
-    @_scoped
     def softmax(self, x: Array, axis: int = -1) -> Array:
-        return self._softmax(x, axis, False)
+        out = self._softmax_rows(x, axis, False)
+        return super().softmax(x, axis) if out is None else out
 
-    @_scoped
     def log_softmax(self, x: Array, axis: int = -1) -> Array:
-        return self._softmax(x, axis, True)
+        out = self._softmax_rows(x, axis, True)
+        return super().log_softmax(x, axis) if out is None else out
 
-    # ---- linear algebra and layers -----------------------------------------
-    @_scoped
-    def matmul(self, a: Array, b: Array) -> Array:
-        return self.xp.matmul(self._dev(a), self._dev(b))
-
-    @_scoped
-    def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
-        y = self.xp.matmul(self._dev(x), self._dev(w).T)
-        if b is not None:
-            y += self._dev(b)
-        return y
-
-    @_scoped
-    def conv1d(
-        self,
-        x: Array,
-        w: Array,
-        b: Array | None = None,
-        stride: int = 1,
-        padding: int = 0,
-        dilation: int = 1,
-        groups: int = 1,
-    ) -> Array:
-        """im2col (a strided view, copied in time chunks) and one batched GEMM per chunk."""
-        xp = self.xp
-        x, w = self._dev(x), self._dev(w)
-        batch, c_in, t_in = x.shape
-        c_out, c_in_g, k = w.shape
-        t_out = (t_in + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-        if t_out <= 0:
-            raise ValueError("conv1d: input shorter than the kernel's receptive field")
-        c_out_g = c_out // groups
-        xp_ = (
-            xp.pad(x, ((0, 0), (0, 0), (padding, padding))) if padding else xp.ascontiguousarray(x)
-        )
-        xg = xp_.reshape(batch, groups, c_in_g, xp_.shape[-1])
-        wg = w.reshape(groups, c_out_g, c_in_g * k)
-        y = xp.empty((batch, groups, c_out_g, t_out), dtype=x.dtype)
-        chunk = max(1, min(t_out, _CONV_CHUNK // max(1, batch * c_in * k)))
-        s_b, s_g, s_c, s_t = xg.strides
-        for t0 in range(0, t_out, chunk):
-            n = min(chunk, t_out - t0)
-            view = xp.lib.stride_tricks.as_strided(
-                xg[..., t0 * stride :],
-                shape=(batch, groups, c_in_g, k, n),
-                strides=(s_b, s_g, s_c, dilation * s_t, stride * s_t),
-            )
-            cols = xp.ascontiguousarray(view).reshape(batch, groups, c_in_g * k, n)
-            y[..., t0 : t0 + n] = xp.matmul(wg, cols)
-        out = y.reshape(batch, c_out, t_out)
-        if b is not None:
-            out += self._dev(b)[None, :, None]
-        return out
-
-    @_scoped
-    def conv_transpose1d(
-        self,
-        x: Array,
-        w: Array,
-        b: Array | None = None,
-        stride: int = 1,
-        padding: int = 0,
-        output_padding: int = 0,
-        dilation: int = 1,
-        groups: int = 1,
-    ) -> Array:
-        """One GEMM per group for every (output channel, tap) row, then K strided adds."""
-        xp = self.xp
-        x, w = self._dev(x), self._dev(w)
-        batch, c_in, t_in = x.shape
-        _, c_out_g, k = w.shape
-        c_in_g = c_in // groups
-        full = (t_in - 1) * stride + dilation * (k - 1) + 1 + output_padding
-        t_out = (t_in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
-        if t_out <= 0:
-            raise ValueError("conv_transpose1d: empty output")
-        # [G, Cout_g * K, Cin_g] @ [B, G, Cin_g, Tin] -> [B, G, Cout_g, K, Tin]
-        wt = xp.ascontiguousarray(w.reshape(groups, c_in_g, c_out_g * k).transpose(0, 2, 1))
-        contrib = xp.matmul(wt, x.reshape(batch, groups, c_in_g, t_in)).reshape(
-            batch, groups, c_out_g, k, t_in
-        )
-        y = xp.zeros((batch, groups, c_out_g, full), dtype=x.dtype)
-        span = (t_in - 1) * stride + 1
-        for kk in range(k):
-            off = kk * dilation
-            y[..., off : off + span : stride] += contrib[..., kk, :]
-        out = xp.ascontiguousarray(
-            y.reshape(batch, groups * c_out_g, full)[:, :, padding : padding + t_out]
-        )
-        if b is not None:
-            out += self._dev(b)[None, :, None]
-        return out
-
-    @_scoped
     def layer_norm(
         self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
     ) -> Array:
-        xp = self.xp
-        x = xp.ascontiguousarray(self._dev(x))
         kernel = self._kernel("layer_norm_rows")
-        if kernel is not None and x.size:
-            n = x.shape[-1]
-            out = xp.empty_like(x)
-            g = self._dev(gamma) if gamma is not None else x
-            bt = self._dev(beta) if beta is not None else x
-            flags = (gamma is not None) | ((beta is not None) << 1)
-            kernel(
-                (x.size // n,),
-                (_BLOCK,),
-                (out, x, g, bt, np.int32(n), np.float32(eps), np.int32(flags)),
-            )
-            return out
-        mean = xp.mean(x, axis=-1, keepdims=True)
-        centered = x - mean
-        var = xp.mean(centered * centered, axis=-1, keepdims=True)
-        y = centered / xp.sqrt(var + np.float32(eps))
-        if gamma is not None:
-            y = y * self._dev(gamma)
-        if beta is not None:
-            y = y + self._dev(beta)
-        return y.astype(x.dtype, copy=False)
+        x = self.xp.ascontiguousarray(self._dev(x))
+        if kernel is None or not x.size:
+            return super().layer_norm(x, gamma, beta, eps)
+        g = self._dev(gamma) if gamma is not None else x
+        bt = self._dev(beta) if beta is not None else x
+        shapes.layer_norm_shape(
+            x.shape, None if gamma is None else g.shape, None if beta is None else bt.shape
+        )
+        n = x.shape[-1]
+        out = self.xp.empty_like(x)
+        flags = (gamma is not None) | ((beta is not None) << 1)
+        kernel(
+            (x.size // n,),
+            (_BLOCK,),
+            (out, x, g, bt, np.int32(n), np.float32(eps), np.int32(flags)),
+        )
+        return out
 
     def _lstm_run(self, gx: Array, h: Array, c: Array, w_hh: Array, hs: Array) -> Array:
-        """Steps over gx [T, B, 4H] from (h, c); writes hs [T, B, H]; returns the final c."""
+        """Steps over gx [T, B, 4H] from (h, c) by the fused step kernel; returns the final c."""
+        kernel = self._kernel("lstm_step")
+        if kernel is None:
+            return super()._lstm_run(gx, h, c, w_hh, hs)
         xp = self.xp
         steps, batch, four_h = gx.shape
         hid = four_h // 4
         c = xp.array(c, dtype=np.float32, copy=True)
-        kernel = self._kernel("lstm_step")
         w_t = xp.ascontiguousarray(w_hh.T)  # [H, 4H]
         h_prev = xp.ascontiguousarray(h)
         for t in range(steps):
-            if kernel is not None:
-                grid = (-(-hid // 128), batch)
-                kernel(grid, (128,), (hs[t], c, h_prev, gx[t], w_t, np.int32(hid)))
-            else:
-                z = xp.matmul(h_prev[:, None, :], w_t)[:, 0, :] + gx[t]
-                sig = xp.tanh(z * np.float32(0.5)) * np.float32(0.5) + np.float32(0.5)
-                g = xp.tanh(z[:, 2 * hid : 3 * hid])
-                c = sig[:, hid : 2 * hid] * c + sig[:, :hid] * g
-                hs[t] = sig[:, 3 * hid :] * xp.tanh(c)
+            grid = (-(-hid // 128), batch)
+            kernel(grid, (128,), (hs[t], c, h_prev, gx[t], w_t, np.int32(hid)))
             h_prev = hs[t]
         return c
-
-    @_scoped
-    def lstm_cell(
-        self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
-    ) -> tuple[Array, Array]:
-        gx = self.linear(x, w_ih, b)
-        hs = self.xp.empty((1, *self._dev(c).shape), dtype=np.float32)
-        c_new = self._lstm_run(gx[None], self._dev(h), self._dev(c), self._dev(w_hh), hs)
-        return hs[0], c_new
-
-    @_scoped
-    def lstm_sequence(
-        self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
-    ) -> tuple[Array, Array, Array]:
-        xp = self.xp
-        x, h, c = self._dev(x), self._dev(h), self._dev(c)
-        steps, batch, _ = x.shape
-        gx = xp.ascontiguousarray(self.linear(x, w_ih, b))
-        hs = xp.empty((steps, batch, h.shape[-1]), dtype=np.float32)
-        c_new = self._lstm_run(gx, h, c, self._dev(w_hh), hs)
-        h_last = hs[-1].copy() if steps else xp.array(h, copy=True)
-        return hs, h_last, c_new
-
-    @_scoped
-    def attention(
-        self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None
-    ) -> Array:
-        xp = self.xp
-        q, k, v = self._dev(q), self._dev(k), self._dev(v)
-        s = np.float32(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
-        scores = xp.matmul(q, xp.swapaxes(k, -1, -2))
-        scores *= s
-        if mask is not None:
-            scores = scores + self._dev(mask)
-        return xp.matmul(self._softmax(scores, -1, False), v)
-
-
-def _gelu_xp(xp: Any, x: Array) -> Array:
-    """Exact-erf GELU with array-module ops (the fused kernel's fallback), as numpy_backend."""
-    z = xp.clip(x / np.float32(math.sqrt(2.0)), np.float32(-4.0), np.float32(4.0))
-    z2 = z * z
-    p = z2 * ERF_ALPHA[0]
-    for a in ERF_ALPHA[1:-1]:
-        p = (p + a) * z2
-    p = p + ERF_ALPHA[-1]
-    q = z2 * ERF_BETA[0]
-    for c in ERF_BETA[1:-1]:
-        q = (q + c) * z2
-    q = q + ERF_BETA[-1]
-    erf = (p * z) / q
-    return (np.float32(0.5) * x * (np.float32(1.0) + erf)).astype(np.float32, copy=False)

@@ -1,140 +1,48 @@
-"""The numpy backend: the reference implementation of :class:`backends.base.ArrayBackend`."""
+"""The numpy backend: the reference implementation of :class:`backends.base.ArrayBackend`.
+
+Most ops are :class:`backends.xp_backend.XpBackend`'s with numpy as the array
+module; this subclass keeps what is CPU-specific: host arrays are taken as they
+are (no upload), GELU runs in cache-sized chunks, and the layers are tuned for
+CPU caches and BLAS (tiled im2col conv, polyphase transposed conv, a row-wise
+LSTM whose rows never depend on the batch, attention in query blocks).
+"""
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from backends import erf, shapes
 from backends.base import Array
-from backends.erf import ERF_ALPHA, ERF_BETA
+from backends.xp_backend import XpBackend, check_lstm
 
 
-class NumpyBackend:
+class NumpyBackend(XpBackend):
     """Reference backend on the host CPU. Arrays are numpy.ndarray (float32)."""
 
     name = "numpy"
 
     def __init__(self, device: str = "cpu") -> None:
-        self.device = device
+        super().__init__(np, device)
 
-    # ---- transfer -------------------------------------------------------
-    def to_device(self, host: np.ndarray, dtype: Any = np.float32) -> Array:
-        return np.ascontiguousarray(host, dtype=dtype)
-
-    def to_host(self, x: Array) -> np.ndarray:
-        return np.asarray(x)
-
-    def zeros(self, shape: Sequence[int], dtype: Any = np.float32) -> Array:
-        return np.zeros(tuple(shape), dtype=dtype)
-
-    # ---- shape ----------------------------------------------------------
-    def reshape(self, x: Array, shape: Sequence[int]) -> Array:
-        return x.reshape(tuple(shape))  # the method: np.reshape's dispatch costs ~1 us a call
-
-    def transpose(self, x: Array, axes: Sequence[int]) -> Array:
-        return np.ascontiguousarray(np.transpose(x, tuple(axes)))
-
-    def concat(self, xs: Sequence[Array], axis: int) -> Array:
-        return np.concatenate(list(xs), axis=axis)
-
-    def slice(self, x: Array, axis: int, start: int, stop: int) -> Array:
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(start, stop)
-        return x[tuple(index)]
-
-    def pad(self, x: Array, axis: int, before: int, after: int, mode: str = "constant") -> Array:
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (before, after)
-        return np.pad(x, widths, mode=mode)  # type: ignore[call-overload]
-
-    def take(self, x: Array, indices: np.ndarray, axis: int) -> Array:
-        return np.take(x, np.asarray(indices, dtype=np.intp), axis=axis)
-
-    def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
-        index = [slice(None)] * dst.ndim
-        index[axis] = slice(start, start + src.shape[axis])
-        dst[tuple(index)] = src
-
-    # ---- elementwise ----------------------------------------------------
-    def add(self, a: Array, b: Array) -> Array:
-        return a + b
-
-    def sub(self, a: Array, b: Array) -> Array:
-        return a - b
-
-    def mul(self, a: Array, b: Array) -> Array:
-        return a * b
-
-    def div(self, a: Array, b: Array) -> Array:
-        return a / b
-
-    def scale(self, x: Array, s: float) -> Array:
-        return x * np.float32(s)
-
-    def exp(self, x: Array) -> Array:
-        return np.exp(x)
-
-    def sqrt(self, x: Array) -> Array:
-        return np.sqrt(x)
-
-    def tanh(self, x: Array) -> Array:
-        return np.tanh(x)
-
-    def sigmoid(self, x: Array) -> Array:
-        out: np.ndarray = 0.5 * (1.0 + np.tanh(0.5 * x))
-        return out.astype(x.dtype, copy=False)
-
-    def relu(self, x: Array) -> Array:
-        return np.maximum(x, 0)
-
-    def leaky_relu(self, x: Array, slope: float) -> Array:
-        if 0.0 <= slope <= 1.0:  # then max(x, slope * x) is the same function, one pass cheaper
-            y = x * np.float32(slope)
-            return np.maximum(x, y, out=y)
-        return np.where(x >= 0, x, x * np.float32(slope))
+    def _dev(self, x: Any) -> Array:
+        return x  # host arrays (and scalars) are numpy's own operands
 
     def gelu(self, x: Array) -> Array:
-        # exact (erf) GELU, as torch.nn.GELU() and Whisper use; large inputs go through in
-        # cache-sized chunks (same values, ~2.5x faster than whole-array passes)
+        # large inputs go through in cache-sized chunks (same values, ~2.5x faster than
+        # whole-array passes)
         if x.size <= _CHUNK:
-            return _gelu(x)
+            return erf.gelu(np, x)
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
         for i in range(0, flat.size, _CHUNK):
-            out[i : i + _CHUNK] = _gelu(flat[i : i + _CHUNK])
+            out[i : i + _CHUNK] = erf.gelu(np, flat[i : i + _CHUNK])
         return out.reshape(x.shape)
 
-    # ---- reductions -----------------------------------------------------
-    def sum(self, x: Array, axis: int, keepdims: bool = False) -> Array:
-        return np.sum(x, axis=axis, keepdims=keepdims)
-
-    def max(self, x: Array, axis: int, keepdims: bool = False) -> Array:
-        return np.max(x, axis=axis, keepdims=keepdims)
-
-    def softmax(self, x: Array, axis: int = -1) -> Array:
-        e = x - np.max(x, axis=axis, keepdims=True)
-        np.exp(e, out=e)  # in place: same values, no extra temporaries on big score maps
-        e /= np.sum(e, axis=axis, keepdims=True)
-        return e
-
-    def log_softmax(self, x: Array, axis: int = -1) -> Array:
-        shifted = x - np.max(x, axis=axis, keepdims=True)
-        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
-
-    # ---- linear algebra and layers -----------------------------------------
-    def matmul(self, a: Array, b: Array) -> Array:
-        return np.matmul(a, b)
-
-    def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
-        y = np.matmul(x, w.T)
-        if b is not None:
-            y += b
-        return y
-
+    # ---- layers -----------------------------------------------------------
     def conv1d(
         self,
         x: Array,
@@ -145,7 +53,10 @@ class NumpyBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        return _conv1d(x, w, b, stride, padding, dilation, groups)
+        s = shapes.conv1d_shape(
+            x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups
+        )
+        return _conv1d(x, w, None if b is None else b.reshape(-1), s, stride, padding, dilation)
 
     def conv_transpose1d(
         self,
@@ -158,13 +69,23 @@ class NumpyBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        if dilation == 1 and w.shape[2] % stride == 0:
-            return _conv_transpose1d_polyphase(x, w, b, stride, padding, output_padding, groups)
-        batch, c_in, t_in = x.shape
-        _, c_out_g, k = w.shape
-        c_in_g = c_in // groups
-        full = (t_in - 1) * stride + dilation * (k - 1) + 1 + output_padding
-        y = np.zeros((batch, c_out_g * groups, full), dtype=x.dtype)
+        s = shapes.conv_transpose1d_shape(
+            x.shape,
+            w.shape,
+            None if b is None else b.shape,
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+        )
+        b = None if b is None else b.reshape(-1)
+        if dilation == 1 and s.kernel % stride == 0:
+            return _conv_transpose1d_polyphase(x, w, b, s, stride, padding, output_padding)
+        c_in_g, c_out_g, k, t_in = s.c_in_g, s.c_out_g, s.kernel, s.length
+        # uncropped: the padding is cut from both ends afterwards
+        full = shapes.conv_transpose1d_length(t_in, k, stride, 0, output_padding, dilation)
+        y = np.zeros((s.batch, s.c_out, full), dtype=x.dtype)
         for g in range(groups):
             xg = x[:, g * c_in_g : (g + 1) * c_in_g]  # [B, Cin_g, Tin]
             wg = w[g * c_in_g : (g + 1) * c_in_g]  # [Cin_g, Cout_g, K]
@@ -174,8 +95,7 @@ class NumpyBackend:
             for kk in range(k):
                 off = kk * dilation
                 yg[:, :, off : off + (t_in - 1) * stride + 1 : stride] += contrib[:, :, kk]
-        t_out = (t_in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
-        y = y[:, :, padding : padding + t_out]
+        y = y[:, :, padding : padding + s.out_length]
         if b is not None:
             y = y + b[None, :, None]
         return np.ascontiguousarray(y)
@@ -183,6 +103,9 @@ class NumpyBackend:
     def layer_norm(
         self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
     ) -> Array:
+        shapes.layer_norm_shape(
+            x.shape, None if gamma is None else gamma.shape, None if beta is None else beta.shape
+        )
         # np.mean's own steps without its Python overhead (~20 us a call on small rows)
         n = np.intp(x.shape[-1])
         mean = np.add.reduce(x, axis=-1, keepdims=True)
@@ -200,6 +123,7 @@ class NumpyBackend:
     def lstm_cell(
         self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
     ) -> tuple[Array, Array]:
+        check_lstm(x, h, c, w_ih, w_hh, b, sequence=False)
         gates = np.matmul(x, w_ih.T) + np.matmul(h, w_hh.T)
         if b is not None:
             gates += b
@@ -215,6 +139,7 @@ class NumpyBackend:
     def lstm_sequence(
         self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
     ) -> tuple[Array, Array, Array]:
+        check_lstm(x, h, c, w_ih, w_hh, b, sequence=True)
         # Row-wise products ([..., 1, In] @ [In, 4H]): BLAS picks its kernel per call
         # shape, so one product per row keeps each row independent of the batch size.
         steps, batch, _ = x.shape
@@ -242,6 +167,7 @@ class NumpyBackend:
     def attention(
         self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None
     ) -> Array:
+        shapes.attention_shape(q.shape, k.shape, v.shape, None if mask is None else np.shape(mask))
         d = q.shape[-1]
         s = np.float32(1.0 / math.sqrt(d)) if scale is None else np.float32(scale)
         rows, keys = q.shape[-2], k.shape[-2]
@@ -293,37 +219,6 @@ _CHUNK = 1 << 16  # elements per elementwise chunk (fits L2)
 _ATTENTION_BLOCK = 1 << 20  # score elements per query block (4 MB, about L2)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    erf = _erf(x / np.float32(math.sqrt(2.0)))
-    return (np.float32(0.5) * x * (np.float32(1.0) + erf)).astype(x.dtype, copy=False)
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    """erf without scipy: a float32 rational approximation, max abs error < 5e-7.
-
-    numpy has no erf ufunc and ``np.vectorize(math.erf)`` is ~100x slower. The
-    odd/even polynomial ratio below (the one Eigen and XLA use for float32) is
-    accurate to a few ulp, ample for GELU parity with torch/ctranslate2.
-    """
-    if x.dtype != np.float32:
-        return np.asarray(np.vectorize(math.erf, otypes=[np.float64])(x)).astype(x.dtype)
-    x = np.clip(x, np.float32(-4.0), np.float32(4.0))
-    x2 = np.multiply(x, x)
-    p: np.ndarray = np.multiply(x2, ERF_ALPHA[0])
-    for a in ERF_ALPHA[1:-1]:
-        p += a
-        p *= x2
-    p += ERF_ALPHA[-1]
-    q: np.ndarray = np.multiply(x2, ERF_BETA[0])
-    for b in ERF_BETA[1:-1]:
-        q += b
-        q *= x2
-    q += ERF_BETA[-1]
-    p *= x
-    p /= q
-    return p
-
-
 _COLS_BYTES = 1 << 21
 """Bytes of one im2col tile: large enough for an efficient GEMM, small enough for L2/L3."""
 
@@ -332,21 +227,18 @@ def _conv1d(
     x: np.ndarray,
     w: np.ndarray,
     b: np.ndarray | None,
+    s: shapes.ConvShape,
     stride: int,
     padding: int,
     dilation: int,
-    groups: int,
 ) -> np.ndarray:
     """Conv1d as im2col GEMMs over time tiles (no padded copy, no full-size column matrix;
     on long outputs the bias rides in the GEMM).
 
     Depthwise convs (one input channel per group) are K shifted multiply-adds instead.
     """
-    batch, c_in, t_in = x.shape
-    c_out, c_in_g, k = w.shape
-    t_out = (t_in + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-    if t_out <= 0:
-        raise ValueError("conv1d: input shorter than the kernel's receptive field")
+    batch, t_in, t_out, groups = s.batch, s.length, s.out_length, s.groups
+    c_out, c_in_g, k = s.c_out, s.c_in_g, s.kernel
     if groups > 1 and c_in_g == 1 and c_out == groups:
         xp = np.pad(x, ((0, 0), (0, 0), (padding, padding))) if padding else x
         span = (t_out - 1) * stride + 1
@@ -405,10 +297,10 @@ def _conv_transpose1d_polyphase(
     x: np.ndarray,
     w: np.ndarray,
     b: np.ndarray | None,
+    s: shapes.ConvShape,
     stride: int,
     padding: int,
     output_padding: int,
-    groups: int,
 ) -> np.ndarray:
     """Transposed conv (dilation 1, kernel a multiple of stride) in phase-major order.
 
@@ -416,10 +308,8 @@ def _conv_transpose1d_polyphase(
     the same output phase are summed with contiguous shifted adds, and the phases
     are interleaved into time once, instead of K strided scatters.
     """
-    batch, c_in, t_in = x.shape
-    _, c_out_g, k = w.shape
-    c_in_g = c_in // groups
-    t_out = (t_in - 1) * stride - 2 * padding + (k - 1) + output_padding + 1
+    batch, t_in, t_out, groups = s.batch, s.length, s.out_length, s.groups
+    c_in_g, c_out_g, k = s.c_in_g, s.c_out_g, s.kernel
     taps = k // stride
     frames = t_in + taps - 1  # output frames of `stride` samples, before cropping
     y = np.empty((batch, c_out_g * groups, t_out), dtype=x.dtype)

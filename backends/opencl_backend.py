@@ -31,6 +31,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 
+from backends import shapes
 from backends.base import Array
 from backends.opencl import ROW_GROUP, Kernels, program
 from backends.opencl.devices import (
@@ -50,10 +51,10 @@ from backends.opencl.shapes import (
     launches,
     need_float,
     prod,
-    resolve_shape,
     round_up,
     split3,
 )
+from backends.xp_backend import check_lstm
 
 _UNARY = {
     "scale": 0,
@@ -230,7 +231,7 @@ class OpenCLBackend:
     # ---- shape ----------------------------------------------------------
     def reshape(self, x: Array, shape: Sequence[int]) -> Array:
         x = self._dev(x)
-        return x.reshape(resolve_shape(x.size, shape))
+        return x.reshape(shapes.reshape_shape(x.size, shape))
 
     def transpose(self, x: Array, axes: Sequence[int]) -> Array:
         x = self._dev(x)
@@ -257,21 +258,10 @@ class OpenCLBackend:
 
     def concat(self, xs: Sequence[Array], axis: int) -> Array:
         parts = [self._dev(x) for x in xs]
-        if not parts:
-            raise ValueError("concat: need at least one array")
+        shape = shapes.concat_shape([p.shape for p in parts], axis)
         first = parts[0]
         axis %= first.ndim
-        total = sum(p.shape[axis] for p in parts)
-        shape = (*first.shape[:axis], total, *first.shape[axis + 1 :])
-        for p in parts:
-            if (
-                p.ndim != first.ndim
-                or p.shape[:axis] != first.shape[:axis]
-                or p.shape[axis + 1 :] != first.shape[axis + 1 :]
-            ):
-                raise ValueError(
-                    f"concat: shapes {[q.shape for q in parts]} differ off axis {axis}"
-                )
+        total = shape[axis]
         out = self._empty(shape, first.dtype)
         outer = prod(shape[:axis])
         inner = prod(shape[axis + 1 :])
@@ -373,15 +363,10 @@ class OpenCLBackend:
 
     def write_slice(self, dst: Array, axis: int, start: int, src: Array) -> None:
         src = self._dev(src)
-        axis %= dst.ndim
+        axis, start = shapes.write_slice_start(dst.shape, axis, start, src.shape)
         if src.dtype != dst.dtype:
             raise TypeError(f"write_slice: dtype {src.dtype} into {dst.dtype}")
         count = src.shape[axis]
-        if start < 0:
-            start += dst.shape[axis]
-        expected = (*dst.shape[:axis], count, *dst.shape[axis + 1 :])
-        if tuple(src.shape) != expected or start < 0 or start + count > dst.shape[axis]:
-            raise ValueError(f"write_slice: {src.shape} at {start} on axis {axis} of {dst.shape}")
         if src.size == 0:
             return
         inner = prod(dst.shape[axis + 1 :])
@@ -402,7 +387,7 @@ class OpenCLBackend:
     def _binary(self, op: str, a: Any, b: Any) -> Array:
         a, b = self._dev(a), self._dev(b)
         need_float(a, b)
-        shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+        shape = shapes.broadcast_shape(op, a.shape, b.shape)
         out = self._empty(shape)
         if out.size == 0:
             return out
@@ -615,10 +600,7 @@ class OpenCLBackend:
         """a [..., M, K] @ b [..., K, N] (b [..., N, K] when trans_b), batch dims broadcast."""
         m, k = a.shape[-2], a.shape[-1]
         n = b.shape[-2] if trans_b else b.shape[-1]
-        kb = b.shape[-1] if trans_b else b.shape[-2]
-        if kb != k:
-            raise ValueError(f"matmul: shapes {a.shape} and {b.shape} don't align")
-        lead = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        lead = shapes.broadcast_shape("matmul", a.shape[:-2], b.shape[:-2])
         batch = prod(lead)
         a_mod, a = self._batch_operand(a, lead)
         b_mod, b = self._batch_operand(b, lead)
@@ -654,28 +636,19 @@ class OpenCLBackend:
     def matmul(self, a: Array, b: Array) -> Array:
         a, b = self._dev(a), self._dev(b)
         need_float(a, b)
-        if a.ndim == 0 or b.ndim == 0:
-            raise ValueError("matmul: scalar operands are not allowed")
+        shape = shapes.matmul_shape(a.shape, b.shape)
         a2 = a.reshape((1, a.shape[0])) if a.ndim == 1 else a
         b2 = b.reshape((b.shape[0], 1)) if b.ndim == 1 else b
-        out = self._batched(a2, b2, trans_b=False)
-        shape = list(out.shape)
-        if b.ndim == 1:
-            shape.pop(-1)
-        if a.ndim == 1:
-            shape.pop(-2 if b.ndim > 1 else -1)
-        return out.reshape(tuple(shape))
+        return self._batched(a2, b2, trans_b=False).reshape(shape)
 
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        n, k = w.shape
-        if x.shape[-1] != k:
-            raise ValueError(f"linear: input {x.shape} vs weight {w.shape}")
-        lead = tuple(x.shape[:-1])
-        m = prod(lead)
-        out = self._empty((*lead, n))
         bias = self._dev(b) if b is not None else None
+        shape = shapes.linear_shape(x.shape, w.shape, None if bias is None else bias.shape)
+        n, k = w.shape
+        m = prod(shape[:-1])
+        out = self._empty(shape)
         self._gemm(out, x, w, m, n, k, 1, trans_b=True, bias=bias, bias_mode=1)
         return out
 
@@ -691,16 +664,19 @@ class OpenCLBackend:
     ) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        batch, c_in, t_in = x.shape
-        c_out, c_in_g, k = w.shape
-        if c_in != c_in_g * groups or c_out % groups:
-            raise ValueError(f"conv1d: x {x.shape}, w {w.shape}, groups {groups} don't match")
-        t_out = (t_in + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-        if t_out <= 0:
-            raise ValueError("conv1d: input shorter than the kernel's receptive field")
-        c_out_g = c_out // groups
-        out = self._empty((batch, c_out, t_out))
         bias = self._dev(b) if b is not None else None
+        s = shapes.conv1d_shape(
+            x.shape,
+            w.shape,
+            None if bias is None else bias.shape,
+            stride,
+            padding,
+            dilation,
+            groups,
+        )
+        batch, t_in, c_out, c_out_g = s.batch, s.length, s.c_out, s.c_out_g
+        c_in_g, k, t_out = s.c_in_g, s.kernel, s.out_length
+        out = self._empty((batch, c_out, t_out))
         self._gemm(
             out,
             w,
@@ -732,19 +708,22 @@ class OpenCLBackend:
     ) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        batch, c_in, t_in = x.shape
-        w_in, c_out_g, k = w.shape
-        if w_in != c_in or c_in % groups:
-            raise ValueError(
-                f"conv_transpose1d: x {x.shape}, w {w.shape}, groups {groups} don't match"
-            )
-        c_out = c_out_g * groups
-        t_out = (t_in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1
-        if t_out <= 0:
-            raise ValueError("conv_transpose1d: empty output")
+        bias_in = self._dev(b) if b is not None else None
+        s = shapes.conv_transpose1d_shape(
+            x.shape,
+            w.shape,
+            None if bias_in is None else bias_in.shape,
+            stride,
+            padding,
+            output_padding,
+            dilation,
+            groups,
+        )
+        batch, t_in, c_out, c_out_g = s.batch, s.length, s.c_out, s.c_out_g
+        k, t_out = s.kernel, s.out_length
         # one GEMM per (batch, group) gives every (output channel, tap) row, then the
         # taps that land on each output sample are summed (overlap-add)
-        c_in_g = c_in // groups
+        c_in_g = s.c_in_g
         wt = self._strided_copy(  # [G, Cout_g * K, Cin_g]: w's last two dims swapped
             w.reshape((groups * c_in_g * c_out_g * k,)),
             (groups, c_out_g * k, c_in_g),
@@ -766,7 +745,7 @@ class OpenCLBackend:
         )
         out = self._empty((batch, c_out, t_out))
         if out.size:
-            bias = self._dev(b) if b is not None else self._dummy
+            bias = bias_in if bias_in is not None else self._dummy
             self._flat(
                 "overlap_add",
                 out.size,
@@ -789,13 +768,16 @@ class OpenCLBackend:
     ) -> Array:
         x = self._dev(x)
         need_float(x)
+        g = self._dev(gamma) if gamma is not None else self._dummy
+        bt = self._dev(beta) if beta is not None else self._dummy
+        shapes.layer_norm_shape(
+            x.shape, None if gamma is None else g.shape, None if beta is None else bt.shape
+        )
         n = x.shape[-1]
         rows = x.size // n if n else 0
         out = self._empty(x.shape)
         if out.size == 0:
             return out
-        g = self._dev(gamma) if gamma is not None else self._dummy
-        bt = self._dev(beta) if beta is not None else self._dummy
         flags = (gamma is not None) | ((beta is not None) << 1)
         if n >= _ROWS_MIN and self._group_rows:
             self._run(
@@ -846,6 +828,8 @@ class OpenCLBackend:
     ) -> tuple[Array, Array]:
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
         need_float(x, h, c, w_ih, w_hh)
+        b = self._dev(b) if b is not None else None
+        check_lstm(x, h, c, w_ih, w_hh, b, sequence=False)
         gx = self.linear(x, w_ih, b)
         lead = tuple(c.shape[:-1])
         batch = prod(lead)
@@ -860,6 +844,8 @@ class OpenCLBackend:
     ) -> tuple[Array, Array, Array]:
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
         need_float(x, h, c, w_ih, w_hh)
+        b = self._dev(b) if b is not None else None
+        check_lstm(x, h, c, w_ih, w_hh, b, sequence=True)
         steps, batch, _ = x.shape
         hid = h.shape[-1]
         gx = self.linear(x, w_ih, b)  # [T, B, 4H], one GEMM for every step
@@ -881,6 +867,8 @@ class OpenCLBackend:
         self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None
     ) -> Array:
         q, k, v = self._dev(q), self._dev(k), self._dev(v)
+        mask = self._dev(mask) if mask is not None else None
+        shapes.attention_shape(q.shape, k.shape, v.shape, None if mask is None else mask.shape)
         s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         scores = self._batched(q, k, trans_b=True, alpha=s)
         if mask is not None:

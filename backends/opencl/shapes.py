@@ -1,4 +1,8 @@
-"""Shape bookkeeping of the OpenCL backend: sizes, strides, broadcasting, index collapsing."""
+"""Index bookkeeping of the OpenCL backend: sizes, strides, broadcasting, index collapsing.
+
+The shape rules of the ops themselves (which operands agree, output lengths) are
+shared by every backend in :mod:`backends.shapes`.
+"""
 
 from __future__ import annotations
 
@@ -31,20 +35,6 @@ def need_float(*xs: Any) -> None:
     for x in xs:
         if x.dtype != np.float32:
             raise TypeError(f"opencl: this op takes float32 arrays, got {x.dtype}")
-
-
-def resolve_shape(size: int, shape: Sequence[int]) -> tuple[int, ...]:
-    dims = [int(s) for s in shape]
-    if dims.count(-1) > 1:
-        raise ValueError("reshape: only one dimension may be -1")
-    if -1 in dims:
-        known = prod([d for d in dims if d != -1])
-        if known == 0 or size % known:
-            raise ValueError(f"reshape: can't reshape {size} elements into {tuple(shape)}")
-        dims[dims.index(-1)] = size // known
-    if prod(dims) != size:
-        raise ValueError(f"reshape: can't reshape {size} elements into {tuple(shape)}")
-    return tuple(dims)
 
 
 def split3(shape: Sequence[int], axis: int) -> tuple[int, int, int]:

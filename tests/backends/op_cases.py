@@ -500,13 +500,99 @@ def assert_matches(case: Case, expected: list[np.ndarray], got: list[np.ndarray]
 
 
 def interface_ops() -> set[str]:
-    """The public methods of the ArrayBackend protocol (as base.py has them now)."""
-    from backends.base import ArrayBackend as Protocol
+    """The public methods of the ArrayBackend protocol (base.OPS)."""
+    from backends.base import OPS
 
-    return {n for n, v in vars(Protocol).items() if not n.startswith("_") and callable(v)}
+    return set(OPS)
 
 
 def covered_ops() -> set[str]:
     """Ops some case calls (the case name starts with the op), plus the transfers."""
     names = {m.group(0) for c in CASES if (m := re.match(r"[a-z_]+(1d)?", c.name))}
     return names | {"to_device", "to_host"}
+
+
+@attrs.frozen
+class BadCase:
+    """Operands whose shapes ``op`` cannot take: every backend raises ShapeError naming it."""
+
+    op: str
+    shapes: Sequence[tuple[int, ...]]
+    call: Callable[..., Any]
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}{list(self.shapes)}"
+
+
+def _bad_cases() -> list[BadCase]:
+    def conv(**kw: int) -> Callable[..., Any]:
+        return lambda be, x, w, *b: be.conv1d(x, w, b[0] if b else None, **kw)
+
+    def conv_t(**kw: int) -> Callable[..., Any]:
+        return lambda be, x, w, *b: be.conv_transpose1d(x, w, b[0] if b else None, **kw)
+
+    def write(be: ArrayBackend, dst: Any, src: Any) -> None:
+        be.write_slice(dst, 1, 6, src)
+
+    cases = [BadCase(op, [(4, 5), (3,)], _binary(op)) for op in ("add", "sub", "mul", "div")]
+    cases += [
+        BadCase("add", [(2, 3), (4, 1, 2)], _binary("add")),
+        BadCase("matmul", [(3, 4), (5, 6)], _binary("matmul")),
+        BadCase("matmul", [(2, 3, 4), (3, 4, 5)], _binary("matmul")),
+        BadCase("matmul", [(7,), (6,)], _binary("matmul")),
+        BadCase("linear", [(2, 5), (4, 6)], lambda be, x, w: be.linear(x, w)),
+        BadCase("linear", [(2, 6), (4, 6), (3,)], lambda be, x, w, b: be.linear(x, w, b)),
+        BadCase("conv1d", [(1, 6, 20), (4, 4, 3)], conv(groups=2)),
+        BadCase("conv1d", [(1, 6, 20), (5, 3, 3)], conv(groups=2)),
+        BadCase("conv1d", [(1, 2, 3), (2, 2, 5)], conv()),
+        BadCase("conv1d", [(1, 2, 9), (3, 2, 3), (4,)], conv(padding=1)),
+        BadCase("conv1d", [(2, 9), (3, 2, 3)], conv()),
+        BadCase("conv1d", [(1, 2, 9), (3, 2, 3)], conv(stride=0)),
+        BadCase("conv_transpose1d", [(1, 4, 10), (3, 2, 4)], conv_t(stride=2)),
+        BadCase("conv_transpose1d", [(1, 2, 1), (2, 2, 1)], conv_t(padding=1)),
+        BadCase("conv_transpose1d", [(1, 4, 10), (4, 2, 4), (3,)], conv_t(stride=2, groups=2)),
+        BadCase("layer_norm", [(3, 8), (7,)], lambda be, x, g: be.layer_norm(x, g, None)),
+        BadCase("layer_norm", [(3, 8), (8,), (4,)], lambda be, x, g, b: be.layer_norm(x, g, b)),
+        BadCase(
+            "lstm_sequence",
+            [(4, 2, 6), (2, 5), (2, 5), (20, 6), (20, 4)],
+            lambda be, *a: be.lstm_sequence(*a, None),
+        ),
+        BadCase(
+            "lstm_sequence",
+            [(4, 3, 6), (2, 5), (2, 5), (20, 6), (20, 5)],
+            lambda be, *a: be.lstm_sequence(*a, None),
+        ),
+        BadCase(
+            "lstm_cell",
+            [(2, 6), (2, 5), (3, 5), (20, 6), (20, 5), (20,)],
+            lambda be, *a: be.lstm_cell(*a),
+        ),
+        BadCase(
+            "attention", [(1, 2, 5, 8), (1, 2, 6, 4), (1, 2, 6, 8)], lambda be, *a: be.attention(*a)
+        ),
+        BadCase(
+            "attention", [(1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 7, 8)], lambda be, *a: be.attention(*a)
+        ),
+        BadCase(
+            "attention",
+            [(1, 2, 5, 8), (1, 2, 6, 8), (1, 2, 6, 8), (5, 5)],
+            lambda be, *a: be.attention(*a),
+        ),
+        BadCase("concat", [(2, 3), (3, 4)], lambda be, a, b: be.concat([a, b], 0)),
+        BadCase("write_slice", [(2, 8, 3), (2, 3, 3)], write),
+        BadCase("write_slice", [(2, 8, 3), (2, 2, 1)], lambda be, d, s: be.write_slice(d, 1, 0, s)),
+        BadCase("reshape", [(4, 6)], lambda be, x: be.reshape(x, (5, -1))),
+    ]
+    return cases
+
+
+BAD_CASES = _bad_cases()
+
+
+def call_bad(case: BadCase, backend: ArrayBackend) -> Any:
+    """Upload random operands of the case's shapes and call the op (which should raise)."""
+    rng = np.random.default_rng(0)
+    args = [backend.to_device(rng.standard_normal(s).astype(np.float32)) for s in case.shapes]
+    return case.call(backend, *args)

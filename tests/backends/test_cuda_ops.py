@@ -3,7 +3,8 @@
 Without cupy or a visible GPU the GPU tests skip with the reason; the array-module
 logic of the backend (im2col, transposed conv, LSTM, attention, shapes) still runs
 here on numpy through ``CudaBackend.on_host()``, which uses the same code without
-the fused kernels. The fused kernels themselves are only checked on a GPU
+the fused kernels (and through ``XpBackend(numpy)``, the generic class it inherits
+from, in test_xp_ops.py). The fused kernels themselves are only checked on a GPU
 (``bench/gpu_check.sh``).
 """
 
@@ -13,8 +14,18 @@ import numpy as np
 import pytest
 
 from backends.cuda_backend import CudaBackend
+from backends.shapes import ShapeError
 from tests.backends.gpu import GPUS, needs_gpu
-from tests.backends.op_cases import CASES, Case, assert_matches, interface_ops, run_case
+from tests.backends.op_cases import (
+    BAD_CASES,
+    CASES,
+    BadCase,
+    Case,
+    assert_matches,
+    call_bad,
+    interface_ops,
+    run_case,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +40,13 @@ def gpu_backend() -> CudaBackend:
 def test_gpu_op_matches_numpy(case: Case, gpu_backend: CudaBackend) -> None:
     expected, got = run_case(case, gpu_backend)
     assert_matches(case, expected, got)
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+def test_gpu_bad_shapes_raise_the_shared_error(case: BadCase, gpu_backend: CudaBackend) -> None:
+    with pytest.raises(ShapeError, match=f"^{case.op}: "):
+        call_bad(case, gpu_backend)
 
 
 @needs_gpu

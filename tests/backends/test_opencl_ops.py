@@ -5,11 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backends.shapes import ShapeError
 from tests.backends import opencl_device
 from tests.backends.op_cases import (
+    BAD_CASES,
     CASES,
+    BadCase,
     Case,
     assert_matches,
+    call_bad,
     covered_ops,
     interface_ops,
     run_case,
@@ -37,6 +41,13 @@ def backend() -> OpenCLBackend:
 def test_op_matches_numpy(case: Case, backend: OpenCLBackend) -> None:
     expected, got = run_case(case, backend)
     assert_matches(case, expected, got)
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+def test_bad_shapes_raise_the_shared_error(case: BadCase, backend: OpenCLBackend) -> None:
+    """The same ShapeError as numpy and the array-module backends (test_xp_ops.py)."""
+    with pytest.raises(ShapeError, match=f"^{case.op}: "):
+        call_bad(case, backend)
 
 
 def test_every_interface_op_has_a_case() -> None:
