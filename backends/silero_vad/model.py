@@ -25,6 +25,7 @@ from typing import Final
 import numpy as np
 
 from backends.base import Array, ArrayBackend
+from backends.shapes import conv1d_length
 from backends.silero_vad.weights import SileroWeights
 
 SAMPLE_RATE: Final = 16000
@@ -65,7 +66,7 @@ def encode(be: ArrayBackend, w: SileroWeights, windows: Array) -> Array:
 def _conv3(be: ArrayBackend, x: Array, w: Array, b: Array, stride: int) -> Array:
     """Conv1d (kernel 3, padding 1) + ReLU on channels-last [N, T, C] via explicit im2col."""
     n, t_in, c = x.shape
-    t_out = (t_in - 1) // stride + 1
+    t_out = conv1d_length(t_in, 3, stride, padding=1)
     if t_out == 1:  # taps 1.. read input rows 0..; tap 0 reads only padding: skip the zeros
         rows = min(t_in, 2)
         cols = be.reshape(x if rows == t_in else be.slice(x, 1, 0, rows), (n, 1, rows * c))

@@ -16,6 +16,8 @@ import functools
 
 import numpy as np
 
+from backends.shapes import conv1d_length
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -59,7 +61,7 @@ def log_mel(audio: np.ndarray, padding: int = HOP_LENGTH) -> np.ndarray:
         wave = np.pad(wave, (0, padding))
     half = N_FFT // 2
     wave = np.pad(wave, (half, half), mode="reflect")
-    n_frames = 1 + (wave.shape[0] - N_FFT) // HOP_LENGTH
+    n_frames = conv1d_length(wave.shape[0], N_FFT, HOP_LENGTH)  # STFT frames: an unpadded conv
     frames = np.lib.stride_tricks.as_strided(
         wave, (n_frames, N_FFT), (HOP_LENGTH * wave.strides[0], wave.strides[0])
     )
