@@ -10,6 +10,9 @@ from, in test_xp_ops.py). The fused kernels themselves are only checked on a GPU
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -72,6 +75,25 @@ def test_host_module_logic_matches_numpy(case: Case) -> None:
 def test_every_interface_op_is_implemented() -> None:
     missing = {op for op in interface_ops() if not callable(getattr(CudaBackend, op, None))}
     assert not missing, f"CudaBackend lacks {sorted(missing)}"
+
+
+def test_every_op_runs_in_the_views_device_and_stream() -> None:
+    """Inherited XpBackend ops are scoped too (checked here, where the scope is a no-op)."""
+    assert all(hasattr(getattr(CudaBackend, op), "__wrapped__") for op in interface_ops())
+    be = CudaBackend.on_host()
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def stream() -> Iterator[None]:
+        entered.append("stream")
+        yield
+
+    be._stream_ctx = stream  # type: ignore[method-assign]
+    x = be.to_device(np.ones((2, 3), np.float32))
+    entered.clear()
+    be.add(x, x)  # inherited from XpBackend
+    be.gelu(x)  # CudaBackend's own, falling back to XpBackend's
+    assert entered == ["stream", "stream"]
 
 
 def test_module_imports_without_cupy_and_fails_clearly_without_gpu() -> None:
