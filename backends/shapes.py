@@ -74,9 +74,13 @@ def _fail(op: str, detail: str, **shapes: Shape | None) -> ShapeError:
     return ShapeError(f"{op}: {detail} ({named})")
 
 
-def _check_bias(op: str, b: Shape | None, n: int, **shapes: Shape | None) -> None:
-    if b is not None and math.prod(_dims(b)) != n:
-        raise _fail(op, f"the bias must have {n} elements", **shapes, b=b)
+def _bias_fits(b: Shape | None, n: int) -> bool:
+    """Whether a bias (None: no bias) has the ``n`` elements of the outputs it is added to."""
+    return b is None or math.prod(b) == n
+
+
+def _bias_error(op: str, b: Shape | None, n: int, **shapes: Shape | None) -> ShapeError:
+    return _fail(op, f"the bias must have {n} elements", **shapes, b=b)
 
 
 def _check_conv_params(op: str, stride: int, padding: int, dilation: int, groups: int) -> None:
@@ -104,7 +108,8 @@ def conv1d_shape(
     c_out, c_in_g, kernel = _dims(w)
     if c_in != c_in_g * groups or c_out % groups:
         raise _fail("conv1d", f"channels don't match groups {groups}", x=x, w=w)
-    _check_bias("conv1d", b, c_out, x=x, w=w)
+    if not _bias_fits(b, c_out):
+        raise _bias_error("conv1d", b, c_out, x=x, w=w)
     out = conv1d_length(length, kernel, stride, padding, dilation)
     if out <= 0:
         raise _fail("conv1d", "input shorter than the kernel's receptive field", x=x, w=w)
@@ -130,7 +135,8 @@ def conv_transpose1d_shape(
     if w_in != c_in or c_in % groups:
         raise _fail("conv_transpose1d", f"channels don't match groups {groups}", x=x, w=w)
     c_out = c_out_g * groups
-    _check_bias("conv_transpose1d", b, c_out, x=x, w=w)
+    if not _bias_fits(b, c_out):
+        raise _bias_error("conv_transpose1d", b, c_out, x=x, w=w)
     out = conv_transpose1d_length(length, kernel, stride, padding, output_padding, dilation)
     if out <= 0:
         raise _fail("conv_transpose1d", "empty output", x=x, w=w)
@@ -186,8 +192,8 @@ def linear_shape(x: Shape, w: Shape, b: Shape | None) -> tuple[int, ...]:
     """The shape of ``x @ w.T + b``: x [..., In], w [Out, In], b [Out]."""
     if len(w) != 2 or len(x) == 0 or x[-1] != w[1]:
         raise _fail("linear", "x must be [..., In] and w [Out, In]", x=x, w=w)
-    if b is not None and math.prod(b) != w[0]:
-        _check_bias("linear", b, int(w[0]), x=x, w=w)
+    if not _bias_fits(b, w[0]):
+        raise _bias_error("linear", b, int(w[0]), x=x, w=w)
     return (*x[:-1], int(w[0]))
 
 
@@ -237,7 +243,8 @@ def lstm_shape(
         ok = ok and _dims(x[:-1]) == _dims(h[:-1])
     if not ok:
         raise _fail(op, "shapes don't match", **shapes)
-    _check_bias(op, b, 4 * hid, **shapes)
+    if not _bias_fits(b, 4 * hid):
+        raise _bias_error(op, b, 4 * hid, **shapes)
 
 
 def concat_shape(shapes: Sequence[Shape], axis: int) -> tuple[int, ...]:
