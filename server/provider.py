@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from core.engine import BatchEngine, BatchingFactory, Emitted, Member
 from core.pool import Session, SessionFactory
 from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
 from server.families import registry
@@ -174,3 +175,24 @@ class ThreadedProvider:
 
     async def reset(self, session: Session) -> None:
         await self._thread(session.reset)
+
+    # ------------------------------------------------------------ batching
+    async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
+        if not isinstance(factory, BatchingFactory):
+            raise ValueError(f"family '{factory.family}' has no batched engine")
+        engine: BatchEngine = await self._thread(factory.engine, max_batch)
+        return engine
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        emitted: list[Emitted] = await self._thread(engine.join, list(members))
+        return emitted
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
+        emitted: list[Emitted] = await self._thread(engine.step, list(keys))
+        return emitted
+
+    async def leave(self, engine: BatchEngine, key: int) -> None:
+        await self._thread(engine.leave, key)
+
+    async def close_engine(self, engine: BatchEngine) -> None:
+        await self._thread(engine.close)

@@ -34,6 +34,7 @@ SPEC_FIELDS = (
     "task",
     "mode",
     "family",
+    "batching",
 )
 """What a register or reconfigure action may set (every field of a model's spec)."""
 
@@ -55,6 +56,7 @@ def model_spec(scenario: Scenario, model_id: str, **overrides: Any) -> ModelSpec
             busy_timeout_ms=base.busy_timeout_ms,
             memory_bytes=base.memory_bytes,
             lazy=base.lazy,
+            batching=base.batching,
         )
     if capacity is not None:
         overrides["session_options"] = {"capacity": int(capacity)}
@@ -155,14 +157,22 @@ class ActionPlayer:
 
     async def request(self, a: Action) -> Any:
         req = {"duration": self._duration(a), "fail": a.params.get("fail", False)}
+        if "fail_step" in a.params:
+            req["fail_step"] = a.params["fail_step"]
         async with self.rt.acquire(a.model, a.params.get("timeout_ms")) as held:
             self.outcomes[a.id].granted = held.lease.granted_at
             return await self.rt.run_on(held, req)
 
     async def stream(self, a: Action) -> Any:
-        req = {k: a.params[k] for k in ("chunks", "chunk_time") if k in a.params}
+        req = {k: a.params[k] for k in ("chunks", "chunk_time", "fail_step") if k in a.params}
+        read_time = float(a.params.get("read_time", 0.0))
+        got = []
         async with self.rt.open_stream(a.model, req, a.params.get("timeout_ms")) as chunks:
-            return [c async for c in chunks]
+            async for chunk in chunks:
+                if read_time > 0:
+                    await self.clock.sleep_until(self.clock.now() + read_time)
+                got.append(chunk)
+        return got
 
     async def batch(self, a: Action) -> Any:
         item = {"duration": self._duration(a)}

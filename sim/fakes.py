@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from core.engine import BatchEngine, Emitted, Member
 from core.pool import Interface, Session, SessionFactory
 from server.runtime.ports import Clock, ModelSpec
 
@@ -39,6 +40,8 @@ class FakeScript:
     null_primary: int = 0
     fail_clone_at: int | None = None
     interfaces: tuple[str, ...] = ("offline", "streaming", "batch")
+    step_time: float = 0.1
+    member_step_time: float = 0.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> FakeScript:
@@ -127,6 +130,92 @@ class FakeFactory:
 
 class FakeRunError(RuntimeError):
     """A run failure injected by a request (``fail = true``)."""
+
+
+@attrs.define
+class _FakeMember:
+    request: Mapping[str, Any]
+    stream: bool
+    steps: int  # steps left
+    done: int = 0  # steps taken
+
+
+@attrs.define(eq=False)
+class FakeEngine:
+    """A batched engine over fake weights: every member takes a number of steps.
+
+    A run member needs ``duration / step_time`` steps (at least one) and emits its
+    result at the last; a stream member emits one chunk per step (``chunks``
+    steps). ``fail`` fails the member when it joins, ``fail_step = k`` at its
+    k-th step. The engine keeps the books the simulator checks: a key joined
+    while its previous member is still in the engine, a step over a member that
+    is not in it, or any use after close is reported through ``problem``.
+    """
+
+    model: str
+    script: FakeScript
+    weights: FakeWeights
+    max_batch: int
+    problem: Callable[[str], None]
+    members: dict[int, _FakeMember] = attrs.field(factory=dict)
+    closed: bool = False
+    joined: int = 0
+
+    def _check(self) -> None:
+        if self.closed or not self.weights.alive:
+            self.problem(f"batched engine of '{self.model}' used after destruction")
+
+    def join(self, members: Sequence[Member]) -> list[Emitted]:
+        self._check()
+        out = []
+        for m in members:
+            if m.key in self.members or not 0 <= m.key < self.max_batch:
+                self.problem(f"'{self.model}': batch key {m.key} joined while still taken")
+            req = dict(m.request or {})
+            if req.get("fail"):
+                out.append(Emitted(m.key, error=FakeRunError("injected run failure")))
+                self.members[m.key] = _FakeMember(req, m.stream, 0)
+                continue
+            if m.stream:
+                steps = int(req.get("chunks", self.script.chunks))
+            else:
+                duration = float(req.get("duration", self.script.run_time))
+                steps = max(1, round(duration / self.script.step_time))
+            self.members[m.key] = _FakeMember(req, m.stream, steps)
+            self.joined += 1
+            out.append(Emitted(m.key, done=steps == 0))
+        return out
+
+    def step(self, keys: Sequence[int]) -> list[Emitted]:
+        self._check()
+        return [self._advance(key) for key in keys]
+
+    def _advance(self, key: int) -> Emitted:
+        member = self.members.get(key)
+        if member is None or member.steps <= 0:
+            self.problem(f"'{self.model}': batch key {key} stepped while not decoding")
+            return Emitted(key, error=FakeRunError("not decoding"))
+        member.steps -= 1
+        member.done += 1
+        if member.done == int(member.request.get("fail_step", 0)):
+            return Emitted(key, error=FakeRunError("injected step failure"))
+        revision = self.weights.revision
+        if member.stream:
+            chunk = {"revision": revision, "batch_slot": key, "chunk": member.done - 1}
+            return Emitted(key, (chunk,), done=member.steps == 0)
+        if member.steps > 0:
+            return Emitted(key)
+        return Emitted(key, ({"revision": revision, "batch_slot": key},), done=True)
+
+    def leave(self, key: int) -> None:
+        self.members.pop(key, None)
+
+    def close(self) -> None:
+        if self.members:
+            self.problem(
+                f"batched engine of '{self.model}' closed with members {sorted(self.members)}"
+            )
+        self.closed = True
 
 
 class FakeProvider:
@@ -266,3 +355,30 @@ class FakeProvider:
 
     async def reset(self, session: Session) -> None:
         return None
+
+    # ------------------------------------------------------------ batching
+    async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
+        assert isinstance(factory, FakeFactory)
+        return FakeEngine(
+            factory.spec.id, factory.script, factory.weights, max_batch, self.premature.append
+        )
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        assert isinstance(engine, FakeEngine)
+        return engine.join(members)
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
+        """One batched step: ``step_time`` plus ``member_step_time`` per member, whatever
+        the batch (the point of batching: the weights are read once per step)."""
+        assert isinstance(engine, FakeEngine)
+        script = engine.script
+        await self._sleep(script.step_time + script.member_step_time * len(keys))
+        return engine.step(keys)
+
+    async def leave(self, engine: BatchEngine, key: int) -> None:
+        assert isinstance(engine, FakeEngine)
+        engine.leave(key)
+
+    async def close_engine(self, engine: BatchEngine) -> None:
+        assert isinstance(engine, FakeEngine)
+        engine.close()

@@ -1,10 +1,12 @@
 """The fuzzer's search space: Hypothesis strategies for small random scenarios.
 
 One or two fake models (slots, durations, slow teardowns, load, null-primary
-and clone faults, memory estimates, lazy or eager) on either runtime, every
+and clone faults, memory estimates, lazy or eager, batched or one session per
+lease) on either runtime, every
 runtime knob (busy timeouts including 0, ``max_loaded_models``, a memory
 budget, ``max_queue``, ``idle_unload_ms``), and a timeline of every action
-kind: requests, streams, batches, loads, unloads, reconfigurations and
+kind: requests (some failing, on a batched model some at a step), streams
+(some read slowly), batches, loads, unloads, reconfigurations and
 registrations with any spec field (a new id with its own load time and
 faults), faults changed on the fly, shutdowns, status probes, bulk unloads and
 disconnects (at a time, or every client of a model at its load end). The
@@ -103,8 +105,10 @@ def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     lazy = draw(st.booleans())
     if fault is not None and lazy:  # an eager load failure aborts the start-up, not a scenario
         script[fault] = 1
+    batching = draw(st.booleans())
     return ModelDef(
         id=mid,
+        batching=batching,
         slots=1
         if original
         else draw(st.integers(1, 3)),  # the original runtime has one session a model
@@ -149,12 +153,15 @@ def _action(
         if do == "stream":
             params["chunks"] = draw(st.integers(1, 3))
             params["chunk_time"] = draw(st.sampled_from((0.2, 1.0)))
+            read_time = draw(st.sampled_from((0.0, 1.0)))
+            if read_time:
+                params["read_time"] = read_time  # a slow reader
         else:
             params["duration"] = draw(st.sampled_from(DURATIONS))
         if do == "batch":
             params["count"] = draw(st.integers(1, 3))
         if do == "request" and draw(st.sampled_from((False, False, False, True))):
-            params["fail"] = True
+            params[draw(st.sampled_from(("fail", "fail_step")))] = True
     elif do in ("reconfigure", "register"):  # explicit slots are refused on the original runtime
         params.update(draw(_spec_fields(model == NEW_ID)))
     elif do == "fault":

@@ -130,6 +130,8 @@ class _Run:
             self.note(str(violation))
         for text in self.rt.violations:
             self.note(f"invariant 6/2: {text}")
+        for text in self.rt.check_batches():
+            self.note(f"invariant 2: {text}")
         for text in self.provider.premature:
             self.note(f"invariant 6: {text}")
 

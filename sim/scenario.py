@@ -24,9 +24,12 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     memory_bytes = 0
     lazy = true                 # false: loaded at start
     path = "rev1"               # the revision its runs report
+    batching = false            # true: requests and streams run as members of
+                                # the model's batched engine (one decode task)
     # any FakeScript field: capacity, load_time, create_time, clone_time,
     # close_time, release_time, run_time, chunk_time, chunks, fail_loads,
-    # null_primary, fail_clone_at, interfaces
+    # null_primary, fail_clone_at, interfaces, step_time (one batched
+    # step), member_step_time (added per member of a step)
 
     [[actions]]                 # the timeline, by virtual time
     at = 0.0
@@ -40,6 +43,9 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     fail = false                # the run raises
     chunks = 3                  # stream: chunk count
     chunk_time = 0.2            # stream: time per chunk
+    read_time = 0.5             # stream: the client's pause before reading
+                                # each chunk (a slow reader)
+    fail_step = 2               # batched request/stream: fails at its 2nd step
     count = 2                   # batch: items
     slots = 2                   # reconfigure/register: new slot count
     path = "rev2"               # reconfigure/register: new revision
@@ -134,7 +140,18 @@ EXPECT_KEYS = frozenset(
     }
 )
 MODEL_KEYS = frozenset(
-    {"id", "slots", "busy_timeout_ms", "memory_bytes", "lazy", "path", "family", "task", "mode"}
+    {
+        "id",
+        "slots",
+        "busy_timeout_ms",
+        "memory_bytes",
+        "lazy",
+        "path",
+        "family",
+        "task",
+        "mode",
+        "batching",
+    }
 )
 
 
@@ -149,6 +166,7 @@ class ModelDef:
     family: str = "fake"
     task: str = "tts"
     mode: str = "offline"
+    batching: bool = False
     script: Mapping[str, Any] = attrs.field(factory=dict)
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import attrs
 
+from core.engine import BatchEngine, Emitted, Member
 from core.pool import Session, SessionFactory
 
 
@@ -27,6 +28,8 @@ class ModelSpec:
     ``load_options`` select the weights (with family, path, backend, device);
     ``session_options`` configure sessions. Two specs with the same weight key
     share weights; with the same session key they also share capacity.
+    ``batching`` runs the model's requests through its family's batched engine
+    (one step serves every running request; the slots are the batch capacity).
     """
 
     id: str
@@ -42,6 +45,7 @@ class ModelSpec:
     busy_timeout_ms: int | None = None
     memory_bytes: int = 0
     lazy: bool = True
+    batching: bool = False
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_options, eq=False)
 
     def weight_key(self) -> tuple[Any, ...]:
@@ -66,7 +70,7 @@ class ModelSpec:
         config, weights and options). Two specs with the same pool key describe the same
         pool: the other fields (``lazy``, ``busy_timeout_ms``, ``memory_bytes``) are
         operational and update in place, without a reload."""
-        return (*self.session_key(), self.slots)
+        return (*self.session_key(), self.slots, self.batching)
 
 
 class Clock(Protocol):
@@ -120,3 +124,21 @@ class ModelProvider(Protocol):
     async def batch(self, session: Session, requests: Sequence[Any]) -> list[Any]: ...
 
     async def reset(self, session: Session) -> None: ...
+
+
+@runtime_checkable
+class BatchingProvider(ModelProvider, Protocol):
+    """A provider that can also drive batched engines (for models registered with
+    ``batching``); the runtime refuses to load such a model through any other."""
+
+    async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
+        """The batched engine of a ``batching`` model's weights (raises if the family has none)."""
+        ...
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]: ...
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]: ...
+
+    async def leave(self, engine: BatchEngine, key: int) -> None: ...
+
+    async def close_engine(self, engine: BatchEngine) -> None: ...

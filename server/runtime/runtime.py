@@ -45,9 +45,16 @@ from core.pool import (
 from core.recorder import Core
 from core.registry import ModelStatus, Registered
 from core.residency import Eviction, RoomDecision
+from server.runtime.batch_driver import BatchDriver
 from server.runtime.errors import BusyError, LoadError, NotFoundError
 from server.runtime.management import BulkResult, Management
-from server.runtime.ports import Clock, ModelProvider, ModelSpec, SystemClock
+from server.runtime.ports import (
+    BatchingProvider,
+    Clock,
+    ModelProvider,
+    ModelSpec,
+    SystemClock,
+)
 from server.runtime.state import LivePool, RuntimeConfig
 from server.runtime.waits import WaitTable
 
@@ -101,6 +108,7 @@ class Runtime:
         )
         self.specs: dict[str, ModelSpec] = {}
         self.pools: dict[str, LivePool] = {}
+        self.drivers: dict[str, BatchDriver] = {}  # batching models' decode tasks, by model
         self.waits = WaitTable()
         self.in_use: dict[tuple[str, int], int] = {}
         self.violations: list[str] = []
@@ -386,6 +394,8 @@ class Runtime:
         try:
             with anyio.CancelScope(shield=True):
                 live = await self.build_pool(spec, start.generation)
+                if spec.batching:
+                    await self.start_batching(live)
         except BaseException:
             outcome = self.core.load_failed(model, start.ticket, self.clock.now())
             if outcome.retry is not None:
@@ -432,8 +442,36 @@ class Runtime:
             await self.provider.release(spec, factory)
             raise
 
+    async def start_batching(self, live: LivePool) -> None:
+        """Give a ``batching`` model its engine and start its decode task (one per pool).
+
+        On failure the pool is closed and its weights released, as for any failed load.
+        """
+        spec = live.spec
+        provider = self.provider
+        try:
+            if not isinstance(provider, BatchingProvider):
+                raise ValueError("this runtime's model provider cannot batch")
+            engine = await provider.engine(live.factory, live.pool.size)
+        except Exception as exc:
+            await self.close_all(live.pool.teardown_order())
+            await self.provider.release(spec, live.factory)
+            raise LoadError(Reason.LOAD_FAILED, f"cannot batch model '{spec.id}': {exc}") from exc
+        driver = BatchDriver(
+            spec.id, engine, provider, self.clock, violation=self.violations.append
+        )
+        assert self._tg is not None
+        await self._tg.start(driver.serve)
+        self.drivers[spec.id] = driver
+
+    def check_batches(self) -> list[str]:
+        """Every batched model's ownership check (the simulator runs it at every quiescent
+        step): what :meth:`BatchDriver.check` finds, in model order."""
+        return [text for driver in self.drivers.values() for text in driver.check()]
+
     async def teardown(self, model: str) -> None:
-        """Destroy ``model``'s pool: clones, then the primary, then the weights (shielded)."""
+        """Destroy ``model``'s pool: its decode task and engine, clones, the primary, then the
+        weights (shielded)."""
         live = self.pools.pop(model, None)
         if live is None:
             return
@@ -441,6 +479,13 @@ class Runtime:
         if busy:
             self.violations.append(f"'{model}' torn down while slots {busy} are in use")
         with anyio.CancelScope(shield=True):
+            driver = self.drivers.pop(model, None)
+            if driver is not None:
+                await driver.stop()
+                try:
+                    await driver.calls.close_engine(driver.engine)
+                except Exception:
+                    log.exception("closing the batched engine of '%s' failed", model)
             await self.close_all(live.pool.teardown_order())
             await self.provider.release(live.spec, live.factory)
 
@@ -460,7 +505,12 @@ class Runtime:
 
     # --------------------------------------------------------- session work
     async def run_on(self, held: Held, request: Any) -> Any:
-        """Run one request on a held session (shielded: it finishes before the lease ends)."""
+        """Run one request on a held session (shielded: it finishes before the lease ends), or,
+        for a ``batching`` model, as one member of its batch (it has left the batch before
+        the lease ends)."""
+        driver = self.drivers.get(held.model)
+        if driver is not None:
+            return await driver.run(request)
         with anyio.CancelScope(shield=True):
             result = await self.provider.run(held.session, request)
         return result
@@ -494,6 +544,11 @@ class Runtime:
         without consuming every chunk, resets the session and releases the lease.
         """
         async with self.acquire(model, timeout_ms) as held:
+            driver = self.drivers.get(model)
+            if driver is not None:
+                async with driver.member(request, stream=True) as members_chunks:
+                    yield members_chunks
+                return
             chunks = self.provider.stream(held.session, request)
 
             async def pull() -> AsyncIterator[Any]:

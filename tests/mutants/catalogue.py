@@ -9,10 +9,10 @@ abandoned initializer, re-registration reload). The tests in this folder prove
 that the simulator (its scenario files and its fuzzer) catches every one of
 them, and that the real code passes the same checks.
 
-``SIMULATED`` mutants live in code the simulator runs. ``batch_slot_early_free``
-patches :mod:`core.batching`, which the runtime does not drive (the fake
-sessions batch natively), so it is caught by a stateful Hypothesis test of
-:class:`core.batching.BatchScheduler` instead (test_batching_mutant.py).
+``SIMULATED`` mutants live in code the simulator runs: all of them, since the
+runtime drives :mod:`core.batching` for models registered with ``batching``
+(``batch_slot_early_free`` is also caught by the stateful Hypothesis test of
+:class:`core.batching.BatchScheduler` in test_batching_mutant.py).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ MUTANTS: dict[str, MutantInfo] = {
             "reference §6.5",
             "BatchScheduler._end pushes the slot to the free list; release pushes only if absent",
             _batch_early_free,
-            "",
+            "scenarios/batched_slow_reader_keeps_its_slot.toml",
         ),
         MutantInfo(
             "residency_after_teardown",
@@ -347,7 +347,7 @@ MUTANTS: dict[str, MutantInfo] = {
     )
 }
 
-SIMULATED = tuple(name for name in MUTANTS if name != "batch_slot_early_free")
+SIMULATED = tuple(MUTANTS)
 
 
 def activate(name: str) -> contextlib.AbstractContextManager[None]:

@@ -1,7 +1,7 @@
 """The batching mutant, caught by a stateful Hypothesis test of BatchScheduler.
 
-The runtime does not drive :mod:`core.batching` (the simulator's fake sessions
-batch natively), so the simulator cannot reach ``batch_slot_early_free``. This
+The simulator catches ``batch_slot_early_free`` through the runtime's batched
+path (scenarios/batched_slow_reader_keeps_its_slot.toml and the fuzzer); this
 model-based test plays owners (launch, read, release) and the decode driver
 (poll, chunk, finish) against the scheduler and checks the ownership rule of
 reference §6.5: until its owner releases it, a request's handle stays valid and

@@ -4,8 +4,8 @@ For each mutant of the catalogue that lives in code the simulator runs:
 (a) its targeted scenario passes on the real code and fails under the mutant;
 (b) ``sim fuzz`` finds it from scratch (no scenario given) within 60 s, shrinks
 it to at most 10 actions, and writes a scenario file that passes on the real
-code and fails under the mutant. The batching mutant is covered by
-test_batching_mutant.py (the runtime does not drive core.batching).
+code and fails under the mutant. The batching mutant is also covered by the
+stateful test of test_batching_mutant.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,280 @@
+"""The decode task of a batched model: one task does all of its device work.
+
+A model registered with ``batching`` runs its requests through one
+:class:`~core.engine.BatchEngine` instead of one session per lease. Admission
+does not change: a request still leases a slot (the slot count is the batch
+capacity), then launches into the model's :class:`core.batching.BatchScheduler`.
+:class:`BatchDriver` is the scheduler's driver (reference §6): its one task
+polls for the next step boundary, prefills the members that join, advances
+every active member with one batched step, delivers each member's chunks to
+its owner and finishes the members that stopped. Owners read their own chunks
+and release their batch slot only after they have seen the end (the §6.5 fix:
+a finished slot is never reused while its owner still drains it).
+
+Guarantees kept from the unbatched path:
+
+* engine work is shielded: a step that started finishes; cancellation of the
+  driver lands only between steps (it is idle whenever a pool is torn down,
+  since teardown waits for every lease);
+* an owner that goes away (client gone, stream closed) aborts its member: a
+  pending member ends at once, an active one leaves at the next step boundary;
+  the owner waits (shielded) until the member has left the engine before its
+  lease is released, so a slot is never reused under a member still decoding;
+* one member's failure ends that member only; an engine error in a step fails
+  the members of that step, never the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+
+from core.batching import (
+    BatchScheduler,
+    Chunk,
+    EndOfStream,
+    Failed,
+    Idle,
+    Launched,
+    NotReady,
+    SlotHandle,
+    SlotState,
+    StaleHandle,
+    StepPlan,
+    WaitUntil,
+)
+from core.engine import BatchEngine, Emitted, Member
+from server.runtime.ports import Clock
+
+log = logging.getLogger("voxpool.runtime")
+
+COLLECTION_WINDOW_S = 0.002
+"""How long a batch waits, when nothing runs, for simultaneous arrivals to start together."""
+
+
+class EngineCalls(Protocol):
+    """How the driver reaches its engine (worker threads, or virtual time in the simulator)."""
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]: ...
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]: ...
+
+    async def leave(self, engine: BatchEngine, key: int) -> None: ...
+
+    async def close_engine(self, engine: BatchEngine) -> None: ...
+
+
+class BatchMemberFailed(RuntimeError):
+    """A member failed without an exception of its own (should not happen; kept for safety)."""
+
+
+class BatchDriver:
+    """Drives one model's :class:`BatchScheduler` over its :class:`BatchEngine`."""
+
+    def __init__(
+        self,
+        model: str,
+        engine: BatchEngine,
+        calls: EngineCalls,
+        clock: Clock,
+        *,
+        violation: Callable[[str], None],
+        window: float = COLLECTION_WINDOW_S,
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.calls = calls
+        self.clock = clock
+        self.violation = violation
+        self.scheduler: BatchScheduler[Any] = BatchScheduler(engine.max_batch, window=window)
+        self._requests: dict[SlotHandle, Member] = {}
+        self._errors: dict[SlotHandle, BaseException] = {}
+        self._in_engine: set[SlotHandle] = set()
+        self._progress = anyio.Event()
+        self._wake = anyio.Event()
+        self._stopped = anyio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self.steps = 0
+
+    # ------------------------------------------------------------ owner side
+    async def run(self, request: Any) -> Any:
+        """One run member: launch, wait for its one result, release (however it ends)."""
+        async with self.member(request, stream=False) as chunks:
+            results = [chunk async for chunk in chunks]
+        if len(results) != 1:
+            raise BatchMemberFailed(f"a run member produced {len(results)} results, not 1")
+        return results[0]
+
+    @asynccontextmanager
+    async def member(self, request: Any, *, stream: bool) -> AsyncIterator[AsyncIterator[Any]]:
+        """Hold one batch slot for the block: its chunks as they are decoded.
+
+        Leaving the block early aborts the member; either way the block ends only
+        after the member has left the engine and its slot was released.
+        """
+        launched = self.scheduler.launch(request_id=None, now=self.clock.now())
+        if not isinstance(launched, Launched):
+            # admission leases at most max_batch holders, so this is a bug
+            self.violation(f"'{self.model}': batch launch refused with a slot leased")
+            raise BatchMemberFailed(launched.message)
+        handle = launched.handle
+        self._requests[handle] = Member(handle.slot, request, stream)
+        self._wake.set()
+        try:
+            yield self._chunks(handle)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._finish(handle)
+
+    async def _chunks(self, handle: SlotHandle) -> AsyncIterator[Any]:
+        while True:
+            got = self.scheduler.read(handle)
+            if isinstance(got, Chunk):
+                yield got.data
+            elif isinstance(got, NotReady):
+                await self._progress.wait()
+            elif isinstance(got, EndOfStream):
+                return
+            elif isinstance(got, Failed):
+                raise self._errors.pop(handle, None) or BatchMemberFailed(got.message)
+            else:
+                assert isinstance(got, StaleHandle)
+                self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
+                raise BatchMemberFailed("batch slot was reused before its owner released it")
+
+    async def _finish(self, handle: SlotHandle) -> None:
+        """Abort if still running, wait until the member left the engine, release the slot."""
+        self.scheduler.abort(handle)
+        self._wake.set()
+        while self._live(handle):
+            await self._progress.wait()
+        if isinstance(self.scheduler.release(handle), StaleHandle):
+            self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
+        self._requests.pop(handle, None)
+        self._errors.pop(handle, None)
+
+    def _live(self, handle: SlotHandle) -> bool:
+        """Whether the member may still decode: the engine holds it, or it has not finished."""
+        if handle in self._in_engine:
+            return True
+        if self.scheduler.handle_of(handle.slot) != handle:
+            return False
+        return self.scheduler.state(handle.slot) is not SlotState.FINISHED
+
+    def check(self) -> list[str]:
+        """The §6.5 ownership rule, as a state check: no batch slot is on the free list
+        while its owner still holds it (the owner releases it only after the end)."""
+        free = set(self.scheduler.free_slots())
+        return [
+            f"'{self.model}': batch slot {handle.slot} is free while its owner holds it (§6.5)"
+            for handle in self._requests
+            if handle.slot in free
+        ]
+
+    # ----------------------------------------------------------- driver side
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The decode loop; runs until :meth:`stop`. Steps are shielded."""
+        try:
+            with anyio.CancelScope() as self._scope:
+                task_status.started()
+                while True:
+                    plan = self.scheduler.poll(self.clock.now())
+                    if isinstance(plan, StepPlan):
+                        with anyio.CancelScope(shield=True):
+                            await self._carry_out(plan)
+                    else:
+                        await self._idle(plan)
+        finally:
+            self._stopped.set()
+
+    async def stop(self) -> None:
+        """End the decode loop (between steps) and wait for it to exit."""
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+
+    async def _idle(self, plan: Idle | WaitUntil) -> None:
+        if self._wake.is_set():
+            self._wake = anyio.Event()
+            return
+        if isinstance(plan, Idle):
+            await self._wake.wait()
+            return
+        with anyio.CancelScope() as scope:
+            wake = self._wake
+
+            async def watch() -> None:
+                await wake.wait()
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await self.clock.sleep_until(plan.deadline)
+                tg.cancel_scope.cancel()
+
+    async def _carry_out(self, plan: StepPlan) -> None:
+        """Finish, join, step: the plan's commands, in that order."""
+        for finish in plan.finish:
+            await self._leave(finish.handle)
+            self.scheduler.tail_done(finish.handle)
+        if plan.join:
+            joiners = [self._requests[h] for h in plan.join]
+            self._in_engine.update(plan.join)
+            emitted = await self._engine_call(plan.join, self.calls.join, joiners)
+            await self._deliver(plan.join, emitted)
+        active = tuple(h for h in plan.advance if self._active(h))
+        if active:
+            self.steps += 1
+            keys = [h.slot for h in active]
+            await self._deliver(active, await self._engine_call(active, self.calls.step, keys))
+        self._notify()
+
+    def _active(self, handle: SlotHandle) -> bool:
+        return handle in self._in_engine and self.scheduler.state(handle.slot) is SlotState.ACTIVE
+
+    async def _engine_call(
+        self, handles: Sequence[SlotHandle], call: Callable[..., Any], arg: Any
+    ) -> list[Emitted]:
+        """One engine call; an engine error fails every member it was for."""
+        try:
+            emitted: list[Emitted] = await call(self.engine, arg)
+        except Exception as exc:
+            log.exception("batched step of '%s' failed", self.model)
+            return [Emitted(h.slot, error=exc) for h in handles]
+        if [e.key for e in emitted] != [h.slot for h in handles]:
+            self.violation(f"'{self.model}': engine answered for the wrong members")
+            error = BatchMemberFailed("the engine answered for the wrong members")
+            return [Emitted(h.slot, error=error) for h in handles]
+        return emitted
+
+    async def _deliver(self, handles: Sequence[SlotHandle], emitted: Sequence[Emitted]) -> None:
+        """Queue each member's chunks; a failed member ends and leaves the engine at once."""
+        failed: list[SlotHandle] = []
+        for handle, out in zip(handles, emitted, strict=True):
+            for chunk in out.chunks:
+                self.scheduler.chunk_ready(handle, chunk)
+            if out.error is not None:
+                self._errors[handle] = out.error
+                self.scheduler.member_failed(handle, str(out.error) or type(out.error).__name__)
+                failed.append(handle)
+            elif out.done:
+                self.scheduler.member_finished(handle)
+        for handle in failed:
+            await self._leave(handle)
+
+    async def _leave(self, handle: SlotHandle) -> None:
+        """The engine forgets the member; only then may its owner release the slot."""
+        try:
+            await self.calls.leave(self.engine, handle.slot)
+        except Exception:
+            log.exception("leaving the batch of '%s' failed", self.model)
+        self._in_engine.discard(handle)
+
+    def _notify(self) -> None:
+        self._progress.set()
+        self._progress = anyio.Event()
