@@ -23,8 +23,9 @@ from core.policy import RuntimeKind, bound
 from core.recorder import Core
 from core.residency import ResidencyLimits
 
-PASSIVE_EVENTS = frozenset({"config", "note", "action", "action_end"})
-"""Records that describe the run (config, client actions) rather than core calls."""
+PASSIVE_EVENTS = frozenset({"config", "note", "action", "action_end", "batch_step"})
+"""Records that describe the run (config, client actions, a batched model's step boundaries)
+rather than core calls."""
 
 
 @attrs.frozen

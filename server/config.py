@@ -100,6 +100,7 @@ class ModelConfig:
     session_options: Mapping[str, Any] = attrs.field(factory=dict)
     default_request_options: Mapping[str, str] = attrs.field(factory=dict)
     voice_aliases: Mapping[str, str] = attrs.field(factory=dict)
+    batching: bool = False
 
     def spec(self) -> ModelSpec:
         """The runtime's view of this model."""
@@ -117,6 +118,7 @@ class ModelConfig:
             busy_timeout_ms=self.busy_timeout_ms,
             memory_bytes=self.memory_mb * 1024 * 1024,
             lazy=self.lazy,
+            batching=self.batching,
             extra={
                 "default_request_options": dict(self.default_request_options),
                 "voice_aliases": dict(self.voice_aliases),
@@ -332,6 +334,9 @@ def parse_model(
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
+    batching = _bool(raw, "batching", False)
+    if batching and not entry.batching:
+        raise ConfigError(f"{where}family {family} cannot batch across requests (batching: true)")
     dro = _options(raw, "default_request_options", where)
     if entry.task == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
         raise ConfigError(
@@ -355,6 +360,7 @@ def parse_model(
         session_options=_options(raw, "session_options", where),
         default_request_options={k: _stringify(v) for k, v in dro.items()},
         voice_aliases=_voice_aliases(raw, entry, where),
+        batching=batching,
     )
 
 

@@ -93,6 +93,18 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.batch_steps = Counter(
+            "voxpool_batch_steps",
+            "Batched steps run by a batching model's decode task",
+            ["model"],
+            registry=self.registry,
+        )
+        self.batch_members = Counter(
+            "voxpool_batch_members",
+            "Members advanced by those steps (divided by the steps: the mean batch size)",
+            ["model"],
+            registry=self.registry,
+        )
         for kind in ("header", "body", "write", "shutdown"):
             self.connections_aborted.labels(kind)
         self._load_started: dict[str, float] = {}
@@ -126,6 +138,9 @@ class Metrics:
         elif r.event == "retire_idle":
             for victim, _ticket in f["evict"]:
                 self._teardown_started[victim] = r.t
+        elif r.event == "batch_step":
+            self.batch_steps.labels(r.model).inc()
+            self.batch_members.labels(r.model).inc(len(f["advance"]))
         elif r.event == "unload_finished":
             start = self._teardown_started.pop(r.model, None)
             if start is not None:

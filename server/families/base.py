@@ -206,6 +206,9 @@ class Family:
     """The distributions its code and weights come from (the validation record's versions)."""
     bench: str | None = None
     """Its peer bench, ``bench/<bench>.py`` (``bench/models.py`` runs it)."""
+    batching: bool = False
+    """Its factories have ``engine(max_batch)`` (:class:`core.engine.BatchingFactory`): a model
+    may be registered with ``batching: true`` and run its requests batched across requests."""
 
     def load_kwargs(
         self, mode: str, path: str = "", options: Mapping[str, Any] | None = None

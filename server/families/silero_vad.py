@@ -107,6 +107,7 @@ class VadPlan:
 
 ENTRY = Family(
     name=NAME,
+    batching=True,
     task="vad",
     backend="backends.silero_vad",
     adapter=adapter,

@@ -101,6 +101,7 @@ class WhisperPlan:
 
 ENTRY = Family(
     name=NAME,
+    batching=True,
     task="asr",
     backend="backends.whisper",
     adapter=adapter,

@@ -53,6 +53,7 @@ async def models(request: Request) -> Response:
                 "queued_requests": row.queued_requests,
                 "queued_management": row.queued_management,
                 "max_parallel_slots": row.max_parallel_slots,
+                "batching": spec.batching,
                 "loaded": row.loaded,
                 "state": row.state,
                 **({"path": spec.path} if manager else {}),

@@ -49,6 +49,7 @@ from core.batching import (
     WaitUntil,
 )
 from core.engine import BatchEngine, Emitted, Member
+from core.events import TraceRecord
 from server.runtime.ports import Clock
 
 log = logging.getLogger("voxpool.runtime")
@@ -84,6 +85,7 @@ class BatchDriver:
         clock: Clock,
         *,
         violation: Callable[[str], None],
+        trace: Callable[[TraceRecord], None] | None = None,
         window: float = COLLECTION_WINDOW_S,
     ) -> None:
         self.model = model
@@ -91,6 +93,7 @@ class BatchDriver:
         self.calls = calls
         self.clock = clock
         self.violation = violation
+        self.trace = trace
         self.scheduler: BatchScheduler[Any] = BatchScheduler(engine.max_batch, window=window)
         self._requests: dict[SlotHandle, Member] = {}
         self._errors: dict[SlotHandle, BaseException] = {}
@@ -228,11 +231,26 @@ class BatchDriver:
             emitted = await self._engine_call(plan.join, self.calls.join, joiners)
             await self._deliver(plan.join, emitted)
         active = tuple(h for h in plan.advance if self._active(h))
+        self._record(plan, active)
         if active:
             self.steps += 1
             keys = [h.slot for h in active]
             await self._deliver(active, await self._engine_call(active, self.calls.step, keys))
         self._notify()
+
+    def _record(self, plan: StepPlan, active: Sequence[SlotHandle]) -> None:
+        """Trace the step boundary as a typed record (metrics count steps and members)."""
+        if self.trace is None:
+            return
+        fields = {
+            "join": [h.slot for h in plan.join],
+            "advance": [h.slot for h in active],
+            "finish": [[f.handle.slot, f.emit_tail] for f in plan.finish],
+            "waiting": plan.waiting,
+        }
+        summary = " ".join(f"{key}={value}" for key, value in fields.items())
+        record = TraceRecord(0, self.clock.now(), self.model, "batch_step", {}, summary, "", fields)
+        self.trace(record)
 
     def _active(self, handle: SlotHandle) -> bool:
         return handle in self._in_engine and self.scheduler.state(handle.slot) is SlotState.ACTIVE

@@ -118,6 +118,7 @@ class Runtime:
         self.closing = False
         self.closed = False
         self.management = Management(self)
+        self.trace = trace
         if trace is not None:
             trace(
                 TraceRecord(
@@ -458,7 +459,12 @@ class Runtime:
             await self.provider.release(spec, live.factory)
             raise LoadError(Reason.LOAD_FAILED, f"cannot batch model '{spec.id}': {exc}") from exc
         driver = BatchDriver(
-            spec.id, engine, provider, self.clock, violation=self.violations.append
+            spec.id,
+            engine,
+            provider,
+            self.clock,
+            violation=self.violations.append,
+            trace=self.trace,
         )
         assert self._tg is not None
         await self._tg.start(driver.serve)

@@ -1,0 +1,162 @@
+"""Cross-request batching through the real server: ``"batching": true`` models (issue #14).
+
+A second ``voxpool serve`` runs whisper and silero_vad with batching on; every
+result must equal what the unbatched main server (tests/data/server/main.json)
+returns for the same input, whether the requests ran alone or together, and a
+client that leaves mid-batch must give its slot back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.live import DATA, LiveServer, parse_sse
+
+WHISPER_DATA = Path(__file__).resolve().parents[1] / "data" / "whisper"
+FILES = ("short", "weather", "meeting", "recipe")
+VAD_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def batched(server_logs: Path) -> Iterator[LiveServer]:
+    server = LiveServer(DATA / "batched.json", server_logs).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.log()[-4000:]
+
+
+def transcribe(client: httpx.Client, name: str, **fields: str) -> httpx.Response:
+    audio = (WHISPER_DATA / f"{name}.wav").read_bytes()
+    return client.post(
+        "/v1/audio/transcriptions",
+        files={"file": (f"{name}.wav", audio, "audio/wav")},
+        data={"model": "whisper", "response_format": "verbose_json", **fields},
+    )
+
+
+def vad(client: httpx.Client, name: str, model: str = "silero_vad") -> httpx.Response:
+    audio = (WHISPER_DATA / f"{name}.wav").read_bytes()
+    return client.post(
+        "/v1/audio/vad",
+        files={"file": (f"{name}.wav", audio, "audio/wav")},
+        data={"model": model, "include_probabilities": "true"},
+    )
+
+
+def without_timing(event: Any) -> Any:
+    """An SSE event without its wall-clock ``timing`` (the only field that may differ)."""
+    if isinstance(event, dict):
+        return {k: v for k, v in event.items() if k != "timing"}
+    return event
+
+
+def batch_counters(server: LiveServer, model: str) -> tuple[float, float]:
+    """The model's ``voxpool_batch_steps_total`` and ``voxpool_batch_members_total``."""
+    text = httpx.get(server.url + "/metrics", timeout=10.0).text
+    values = {}
+    for name in ("voxpool_batch_steps_total", "voxpool_batch_members_total"):
+        line = next(x for x in text.splitlines() if x.startswith(f'{name}{{model="{model}"}}'))
+        values[name] = float(line.split()[-1])
+    return values["voxpool_batch_steps_total"], values["voxpool_batch_members_total"]
+
+
+def seg_key(segment: dict[str, Any]) -> tuple[Any, ...]:
+    """What a segment decides: its text and times (from its tokens and timestamp tokens)."""
+    return segment["text"], segment["start"], segment["end"]
+
+
+def together(server: LiveServer, call: Any, names: tuple[str, ...]) -> list[httpx.Response]:
+    """Send one request per name at once (a wave), each on its own connection."""
+
+    def one(name: str) -> httpx.Response:
+        with server.client() as client:
+            return call(client, name)  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return list(pool.map(one, names))
+
+
+def test_models_list_shows_batching(batched: LiveServer) -> None:
+    assert batched.model("whisper")["batching"] is True
+    assert batched.model("silero_vad")["batching"] is True
+
+
+def test_batched_transcriptions_equal_unbatched(batched: LiveServer, http: httpx.Client) -> None:
+    got = together(batched, transcribe, FILES)
+    for name, response in zip(FILES, got, strict=True):
+        assert response.status_code == 200, response.text
+        reference = transcribe(http, name)
+        assert reference.status_code == 200, reference.text
+        ours, theirs = response.json(), reference.json()
+        assert ours["text"] == theirs["text"], name
+        assert [seg_key(s) for s in ours["segments"]] == [seg_key(s) for s in theirs["segments"]], (
+            name
+        )
+    row = batched.wait_for("whisper", lambda r: r["active_slots"] == 0)
+    assert row["queued_requests"] == 0
+    # the wave shared its decoder steps: more members were advanced than steps were run
+    steps, members = batch_counters(batched, "whisper")
+    assert members > steps > 0
+
+
+def test_batched_vad_equals_unbatched(batched: LiveServer, http: httpx.Client) -> None:
+    got = together(batched, vad, FILES)
+    for name, response in zip(FILES, got, strict=True):
+        assert response.status_code == 200, response.text
+        reference = vad(http, name)
+        ours, theirs = response.json(), reference.json()
+        assert ours["segments"] == theirs["segments"], name
+        assert len(ours["probabilities"]) == len(theirs["probabilities"])
+        worst = max(
+            abs(a - b) for a, b in zip(ours["probabilities"], theirs["probabilities"], strict=True)
+        )
+        assert worst <= VAD_TOLERANCE, (name, worst)
+
+
+def test_batched_streams_equal_unbatched(batched: LiveServer, http: httpx.Client) -> None:
+    def events(client: httpx.Client, model: str, route: str, name: str) -> list[Any]:
+        audio = (WHISPER_DATA / f"{name}.wav").read_bytes()
+        with client.stream(
+            "POST",
+            route,
+            files={"file": (f"{name}.wav", audio, "audio/wav")},
+            data={"model": model, "stream": "true"},
+        ) as s:
+            assert s.status_code == 200
+            return [without_timing(e) for e in parse_sse(s.read().decode())]
+
+    with batched.client() as client:
+        ours = events(client, "whisper", "/v1/audio/transcriptions", "weather")
+        vad_ours = events(client, "vad_stream", "/v1/audio/vad", "meeting")
+    theirs = events(http, "whisper", "/v1/audio/transcriptions", "weather")
+    vad_theirs = events(http, "silero_vad", "/v1/audio/vad", "meeting")
+    assert ours == theirs
+    assert vad_ours == vad_theirs
+
+
+def test_a_client_leaving_mid_batch_gives_its_slot_back(batched: LiveServer) -> None:
+    audio = (WHISPER_DATA / "story.wav").read_bytes()
+    with (
+        batched.client() as client,
+        client.stream(
+            "POST",
+            "/v1/audio/transcriptions",
+            files={"file": ("story.wav", audio, "audio/wav")},
+            data={"model": "whisper", "stream": "true"},
+        ) as s,
+    ):
+        assert s.status_code == 200
+        first = next(s.iter_lines())  # the first segment: the member decodes in the batch
+        assert first.startswith("data:")
+    # the connection is closed: the member leaves at a step boundary, the slot comes back
+    batched.wait_for("whisper", lambda r: r["active_slots"] == 0, timeout=120.0)
+    with batched.client() as client:
+        again = transcribe(client, "short")
+    assert again.status_code == 200, again.text
