@@ -1,0 +1,194 @@
+"""Batched engines (#14): requests served serially by one session vs together by the engine.
+
+Whisper tiny.en: 8 inputs (the 5 fixtures of ``tests/data/whisper`` and 3 made from
+them: two joined pairs and the first 25 s of the story), transcribed one after
+another by one session (``serial``) vs all 8 as members of ``factory.engine(8)``
+(``batch 8``: they join together; each step decodes one token of every member
+with one product per linear layer; windows opened in the same step share one
+encoder pass). Silero VAD: 8 streams of 20-60 s by one session vs the engine at
+batch 8 (8 chunks of every member per step). Runs alternate serial/batched so
+load drift on a shared machine hits both alike; medians of ``repeats`` runs, wall
+and process CPU time, with 1 and 2 BLAS threads (threadpoolctl). ``check`` says
+whether every member's tokens (Whisper) or probabilities within 1e-5 and events
+(VAD) equal the session's.
+Run: ``.venv/bin/python bench/batched_models.py [repeats]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import wave
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import blas_threads  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "whisper"
+RATE = 16000
+BATCH = 8
+
+
+def _use_repo_root() -> None:
+    """Import the repo's packages (bench/core.py would otherwise shadow ``core``)."""
+    if sys.path[:1] != [str(ROOT)]:
+        sys.path.insert(0, str(ROOT))
+
+
+def _whisper_inputs() -> list[tuple[str, np.ndarray]]:
+    clips = {}
+    for meta in json.loads((DATA / "fixtures.json").read_text()):
+        with wave.open(str(DATA / meta["file"])) as f:
+            pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
+        clips[meta["name"]] = pcm.astype(np.float32) / np.float32(32768.0)
+    out = list(clips.items())
+    out.append(("meeting+recipe", np.concatenate([clips["meeting"], clips["recipe"]])))
+    out.append(("weather+short", np.concatenate([clips["weather"], clips["short"]])))
+    out.append(("story[:25s]", clips["story"][: 25 * RATE]))
+    return out
+
+
+def _vad_inputs(clip: np.ndarray) -> list[np.ndarray]:
+    """8 streams of 20-60 s: the speech clip, reversed, scaled and cut, with quiet noise."""
+    rng = np.random.default_rng(14)
+    out = []
+    for i in range(BATCH):
+        seconds = 20 + 40 * i // (BATCH - 1)
+        base = np.resize(clip if i % 2 == 0 else clip[::-1], seconds * RATE)
+        noise = np.asarray(rng.normal(0, 0.01, base.shape), dtype=np.float32)
+        out.append(np.asarray((0.5 + 0.1 * i) * base + noise, dtype=np.float32))
+    return out
+
+
+def _drive(engine: Any, requests: list[Any], stream: bool) -> list[list[Any]]:
+    """All requests join at once and step until done; each member's chunks."""
+    from core.engine import Member
+
+    chunks: list[list[Any]] = [[] for _ in requests]
+    active = []
+    for e in engine.join([Member(k, r, stream) for k, r in enumerate(requests)]):
+        chunks[e.key].extend(e.chunks)
+        if e.error is not None:
+            raise e.error
+        if not e.done:
+            active.append(e.key)
+        else:
+            engine.leave(e.key)
+    while active:
+        for e in engine.step(list(active)):
+            if e.error is not None:
+                raise e.error
+            chunks[e.key].extend(e.chunks)
+            if e.done:
+                active.remove(e.key)
+                engine.leave(e.key)
+    return chunks
+
+
+def _timed(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, float, Any]]:
+    """Median wall and CPU seconds of each function (order alternating per pass), last output."""
+    wall: dict[str, list[float]] = {n: [] for n in fns}
+    cpu: dict[str, list[float]] = {n: [] for n in fns}
+    last: dict[str, Any] = {}
+    names = list(fns)
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            w0, c0 = time.perf_counter(), time.process_time()
+            last[name] = fns[name]()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+    return {n: (statistics.median(wall[n]), statistics.median(cpu[n]), last[n]) for n in names}
+
+
+def _whisper_check(serial: list[Any], batched: list[list[Any]]) -> str:
+    same = 0
+    for ours, (result,) in zip(serial, batched, strict=True):
+        tokens = [w.result.tokens for w in ours.windows]
+        same += tokens == [w.result.tokens for w in result.windows]
+    return f"{same}/{len(serial)} tokens identical"
+
+
+def _vad_check(serial: list[Any], batched: list[list[Any]]) -> str:
+    worst, events = 0.0, 0
+    for ours, chunks in zip(serial, batched, strict=True):
+        worst = max(
+            worst,
+            max(abs(a.probability - b.probability) for a, b in zip(ours, chunks, strict=True)),
+        )
+        events += [c.events for c in ours] == [c.events for c in chunks]
+    return f"max |dp| {worst:.1e}, {events}/{len(serial)} events identical"
+
+
+def bench(repeats: int = 3) -> list[dict[str, object]]:
+    _use_repo_root()
+    from backends import silero_vad, whisper
+    from tests.models.silero_vad_reference import fixture
+
+    rows: list[dict[str, object]] = []
+    asr = whisper.load_factory()
+    vad = silero_vad.load_factory()
+    asr_inputs = _whisper_inputs()
+    asr_requests = [whisper.WhisperRequest(audio) for _, audio in asr_inputs]
+    vad_requests = [silero_vad.VadRequest(a) for a in _vad_inputs(np.array(fixture()[0]))]
+    cases: list[tuple[str, float, Callable[[], Any], Callable[[], Any], Callable[..., str]]] = []
+    asr_session, vad_session = asr.create(), vad.create()
+    cases.append(
+        (
+            "whisper-tiny.en",
+            sum(len(a) for _, a in asr_inputs) / RATE,
+            lambda: [asr_session.run(r) for r in asr_requests],
+            lambda: _drive(asr.engine(BATCH), asr_requests, stream=False),
+            _whisper_check,
+        )
+    )
+    cases.append(
+        (
+            "silero_vad (stream)",
+            sum(len(r.audio) for r in vad_requests) / RATE,
+            lambda: [list(vad_session.stream(r)) for r in vad_requests],
+            lambda: _drive(vad.engine(BATCH), vad_requests, stream=True),
+            _vad_check,
+        )
+    )
+    for threads in (1, 2):
+        with blas_threads(threads):
+            for model, seconds, serial, batched, check in cases:
+                medians = _timed({"serial": serial, "batched": batched}, repeats)
+                s_wall, s_cpu, s_out = medians["serial"]
+                b_wall, b_cpu, b_out = medians["batched"]
+                rows.append(
+                    {
+                        "model": model,
+                        "audio_s": round(seconds, 1),
+                        "threads": threads,
+                        "serial_s": round(s_wall, 2),
+                        f"batch{BATCH}_s": round(b_wall, 2),
+                        "ratio": round(s_wall / b_wall, 2),
+                        "serial_cpu_s": round(s_cpu, 2),
+                        f"batch{BATCH}_cpu_s": round(b_cpu, 2),
+                        "cpu_ratio": round(s_cpu / b_cpu, 2),
+                        "check": check(s_out, b_out),
+                    }
+                )
+                print(rows[-1], flush=True)
+    return rows
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(_table(bench(int(sys.argv[1]) if len(sys.argv) > 1 else 3)))
