@@ -306,11 +306,9 @@ class CudaBackend(XpBackend):
         x = self.xp.ascontiguousarray(self._dev(x))
         if kernel is None or not x.size:
             return super().layer_norm(x, gamma, beta, eps)
-        g = self._dev(gamma) if gamma is not None else x
-        bt = self._dev(beta) if beta is not None else x
-        shapes.layer_norm_shape(
-            x.shape, None if gamma is None else g.shape, None if beta is None else bt.shape
-        )
+        g, bt = self._dev_opt(gamma), self._dev_opt(beta)
+        shapes.layer_norm_shape(x.shape, shapes.shape_of(g), shapes.shape_of(bt))
+        g, bt = (x if g is None else g), (x if bt is None else bt)  # read only where flagged
         n = x.shape[-1]
         out = self.xp.empty_like(x)
         flags = (gamma is not None) | ((beta is not None) << 1)

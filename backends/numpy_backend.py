@@ -42,47 +42,19 @@ class NumpyBackend(XpBackend):
             out[i : i + _CHUNK] = erf.gelu(np, flat[i : i + _CHUNK])
         return out.reshape(x.shape)
 
-    # ---- layers -----------------------------------------------------------
-    def conv1d(
-        self,
-        x: Array,
-        w: Array,
-        b: Array | None = None,
-        stride: int = 1,
-        padding: int = 0,
-        dilation: int = 1,
-        groups: int = 1,
-    ) -> Array:
-        s = shapes.conv1d_shape(
-            x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups
-        )
-        return _conv1d(x, w, None if b is None else b.reshape(-1), s, stride, padding, dilation)
+    # ---- layers (XpBackend checks the operands, these compute) ---------------
+    def _conv1d(self, x: Array, w: Array, b: Array | None, s: shapes.ConvShape) -> Array:
+        """Tiled im2col GEMMs (see the module function :func:`_conv1d`)."""
+        return _conv1d(x, w, None if b is None else b.reshape(-1), s)
 
-    def conv_transpose1d(
-        self,
-        x: Array,
-        w: Array,
-        b: Array | None = None,
-        stride: int = 1,
-        padding: int = 0,
-        output_padding: int = 0,
-        dilation: int = 1,
-        groups: int = 1,
-    ) -> Array:
-        s = shapes.conv_transpose1d_shape(
-            x.shape,
-            w.shape,
-            None if b is None else b.shape,
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
-        )
+    def _conv_transpose1d(self, x: Array, w: Array, b: Array | None, s: shapes.ConvShape) -> Array:
+        """Polyphase where it applies, else one einsum per group and K strided adds."""
         b = None if b is None else b.reshape(-1)
+        stride, padding, dilation = s.stride, s.padding, s.dilation
         if dilation == 1 and s.kernel % stride == 0:
-            return _conv_transpose1d_polyphase(x, w, b, s, stride, padding, output_padding)
-        c_in_g, c_out_g, k, t_in = s.c_in_g, s.c_out_g, s.kernel, s.length
+            return _conv_transpose1d_polyphase(x, w, b, s)
+        c_in_g, c_out_g, k, t_in, groups = s.c_in_g, s.c_out_g, s.kernel, s.length, s.groups
+        output_padding = s.output_padding
         # uncropped: the padding is cut from both ends afterwards
         full = shapes.conv_transpose1d_length(t_in, k, stride, 0, output_padding, dilation)
         y = np.zeros((s.batch, s.c_out, full), dtype=x.dtype)
@@ -100,25 +72,16 @@ class NumpyBackend(XpBackend):
             y = y + b[None, :, None]
         return np.ascontiguousarray(y)
 
-    def layer_norm(
-        self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
-    ) -> Array:
-        shapes.layer_norm_shape(
-            x.shape, None if gamma is None else gamma.shape, None if beta is None else beta.shape
-        )
-        # np.mean's own steps without its Python overhead (~20 us a call on small rows)
+    def _normalise(self, x: Array, eps: float) -> Array:
+        """XpBackend's normalisation by np.mean's own steps without its Python overhead
+        (~20 us a call on small rows), on ``x`` as it is."""
         n = np.intp(x.shape[-1])
         mean = np.add.reduce(x, axis=-1, keepdims=True)
         np.true_divide(mean, n, out=mean, casting="unsafe")
         centered = x - mean
         var = np.add.reduce(centered * centered, axis=-1, keepdims=True)
         np.true_divide(var, n, out=var, casting="unsafe")
-        y = centered / np.sqrt(var + np.float32(eps))
-        if gamma is not None:
-            y = y * gamma
-        if beta is not None:
-            y = y + beta
-        return y.astype(x.dtype, copy=False)
+        return centered / np.sqrt(var + np.float32(eps))
 
     def lstm_cell(
         self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
@@ -223,21 +186,14 @@ _COLS_BYTES = 1 << 21
 """Bytes of one im2col tile: large enough for an efficient GEMM, small enough for L2/L3."""
 
 
-def _conv1d(
-    x: np.ndarray,
-    w: np.ndarray,
-    b: np.ndarray | None,
-    s: shapes.ConvShape,
-    stride: int,
-    padding: int,
-    dilation: int,
-) -> np.ndarray:
+def _conv1d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, s: shapes.ConvShape) -> np.ndarray:
     """Conv1d as im2col GEMMs over time tiles (no padded copy, no full-size column matrix;
     on long outputs the bias rides in the GEMM).
 
     Depthwise convs (one input channel per group) are K shifted multiply-adds instead.
     """
     batch, t_in, t_out, groups = s.batch, s.length, s.out_length, s.groups
+    stride, padding, dilation = s.stride, s.padding, s.dilation
     c_out, c_in_g, k = s.c_out, s.c_in_g, s.kernel
     if groups > 1 and c_in_g == 1 and c_out == groups:
         xp = np.pad(x, ((0, 0), (0, 0), (padding, padding))) if padding else x
@@ -294,13 +250,7 @@ def _conv1d(
 
 
 def _conv_transpose1d_polyphase(
-    x: np.ndarray,
-    w: np.ndarray,
-    b: np.ndarray | None,
-    s: shapes.ConvShape,
-    stride: int,
-    padding: int,
-    output_padding: int,
+    x: np.ndarray, w: np.ndarray, b: np.ndarray | None, s: shapes.ConvShape
 ) -> np.ndarray:
     """Transposed conv (dilation 1, kernel a multiple of stride) in phase-major order.
 
@@ -310,6 +260,7 @@ def _conv_transpose1d_polyphase(
     """
     batch, t_in, t_out, groups = s.batch, s.length, s.out_length, s.groups
     c_in_g, c_out_g, k = s.c_in_g, s.c_out_g, s.kernel
+    stride, padding, output_padding = s.stride, s.padding, s.output_padding
     taps = k // stride
     frames = t_in + taps - 1  # output frames of `stride` samples, before cropping
     y = np.empty((batch, c_out_g * groups, t_out), dtype=x.dtype)

@@ -193,6 +193,10 @@ class OpenCLBackend:
             return x
         return self.to_device(np.asarray(x, dtype=np.float32))
 
+    def _dev_opt(self, x: Any | None) -> Array | None:
+        """An optional operand (a bias, gamma, beta, a mask) as :meth:`_dev` has it; None stays."""
+        return None if x is None else self._dev(x)
+
     def _empty(self, shape: Sequence[int], dtype: Any = np.float32) -> Array:
         shape = tuple(int(s) for s in shape)
         check_size(shape)
@@ -644,8 +648,8 @@ class OpenCLBackend:
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        bias = self._dev(b) if b is not None else None
-        shape = shapes.linear_shape(x.shape, w.shape, None if bias is None else bias.shape)
+        bias = self._dev_opt(b)
+        shape = shapes.linear_shape(x.shape, w.shape, shapes.shape_of(bias))
         n, k = w.shape
         m = prod(shape[:-1])
         out = self._empty(shape)
@@ -664,15 +668,9 @@ class OpenCLBackend:
     ) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        bias = self._dev(b) if b is not None else None
+        bias = self._dev_opt(b)
         s = shapes.conv1d_shape(
-            x.shape,
-            w.shape,
-            None if bias is None else bias.shape,
-            stride,
-            padding,
-            dilation,
-            groups,
+            x.shape, w.shape, shapes.shape_of(bias), stride, padding, dilation, groups
         )
         batch, t_in, c_out, c_out_g = s.batch, s.length, s.c_out, s.c_out_g
         c_in_g, k, t_out = s.c_in_g, s.kernel, s.out_length
@@ -708,11 +706,11 @@ class OpenCLBackend:
     ) -> Array:
         x, w = self._dev(x), self._dev(w)
         need_float(x, w)
-        bias_in = self._dev(b) if b is not None else None
+        bias_in = self._dev_opt(b)
         s = shapes.conv_transpose1d_shape(
             x.shape,
             w.shape,
-            None if bias_in is None else bias_in.shape,
+            shapes.shape_of(bias_in),
             stride,
             padding,
             output_padding,
@@ -768,11 +766,10 @@ class OpenCLBackend:
     ) -> Array:
         x = self._dev(x)
         need_float(x)
-        g = self._dev(gamma) if gamma is not None else self._dummy
-        bt = self._dev(beta) if beta is not None else self._dummy
-        shapes.layer_norm_shape(
-            x.shape, None if gamma is None else g.shape, None if beta is None else bt.shape
-        )
+        g, bt = self._dev_opt(gamma), self._dev_opt(beta)
+        shapes.layer_norm_shape(x.shape, shapes.shape_of(g), shapes.shape_of(bt))
+        g = self._dummy if g is None else g
+        bt = self._dummy if bt is None else bt
         n = x.shape[-1]
         rows = x.size // n if n else 0
         out = self._empty(x.shape)
@@ -828,7 +825,7 @@ class OpenCLBackend:
     ) -> tuple[Array, Array]:
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
         need_float(x, h, c, w_ih, w_hh)
-        b = self._dev(b) if b is not None else None
+        b = self._dev_opt(b)
         check_lstm(x, h, c, w_ih, w_hh, b, sequence=False)
         gx = self.linear(x, w_ih, b)
         lead = tuple(c.shape[:-1])
@@ -844,7 +841,7 @@ class OpenCLBackend:
     ) -> tuple[Array, Array, Array]:
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
         need_float(x, h, c, w_ih, w_hh)
-        b = self._dev(b) if b is not None else None
+        b = self._dev_opt(b)
         check_lstm(x, h, c, w_ih, w_hh, b, sequence=True)
         steps, batch, _ = x.shape
         hid = h.shape[-1]
@@ -867,8 +864,8 @@ class OpenCLBackend:
         self, q: Array, k: Array, v: Array, mask: Array | None = None, scale: float | None = None
     ) -> Array:
         q, k, v = self._dev(q), self._dev(k), self._dev(v)
-        mask = self._dev(mask) if mask is not None else None
-        shapes.attention_shape(q.shape, k.shape, v.shape, None if mask is None else mask.shape)
+        mask = self._dev_opt(mask)
+        shapes.attention_shape(q.shape, k.shape, v.shape, shapes.shape_of(mask))
         s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         scores = self._batched(q, k, trans_b=True, alpha=s)
         if mask is not None:

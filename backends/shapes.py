@@ -6,13 +6,15 @@ conv_transpose1d, attention, layer norm, LSTM, concat, write_slice, reshape,
 broadcasting). Every backend calls these before (or, for the cheap elementwise
 ops, after a failed) computation, so a bad shape raises :class:`ShapeError`,
 a ``ValueError`` naming the op and the shapes, the same on numpy, cupy and
-OpenCL. The functions take shapes (tuples of ints), never arrays.
+OpenCL. The checks take shapes (tuples of ints), never arrays; a backend reads an
+optional operand's shape with :func:`shape_of`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -21,6 +23,11 @@ Shape = Sequence[int]
 
 class ShapeError(ValueError):
     """Operands whose shapes the op cannot take; the message names the op and the shapes."""
+
+
+def shape_of(x: Any) -> tuple[int, ...] | None:
+    """The shape of an optional operand (a bias, gamma, beta, a mask): None when absent."""
+    return None if x is None else tuple(x.shape)
 
 
 def conv1d_length(
@@ -44,7 +51,8 @@ def conv_transpose1d_length(
 
 @attrs.frozen
 class ConvShape:
-    """The sizes of one (transposed) convolution, checked: x [B, Cin, T] -> [B, Cout, T_out]."""
+    """One (transposed) convolution, checked: x [B, Cin, T] -> [B, Cout, T_out], its sizes
+    and its parameters (what a backend's kernel needs besides the operands)."""
 
     batch: int
     c_in: int
@@ -53,6 +61,10 @@ class ConvShape:
     kernel: int
     groups: int
     out_length: int
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    output_padding: int = 0
 
     @property
     def c_in_g(self) -> int:
@@ -113,7 +125,7 @@ def conv1d_shape(
     out = conv1d_length(length, kernel, stride, padding, dilation)
     if out <= 0:
         raise _fail("conv1d", "input shorter than the kernel's receptive field", x=x, w=w)
-    return ConvShape(batch, c_in, length, c_out, kernel, groups, out)
+    return ConvShape(batch, c_in, length, c_out, kernel, groups, out, stride, padding, dilation)
 
 
 def conv_transpose1d_shape(
@@ -140,7 +152,9 @@ def conv_transpose1d_shape(
     out = conv_transpose1d_length(length, kernel, stride, padding, output_padding, dilation)
     if out <= 0:
         raise _fail("conv_transpose1d", "empty output", x=x, w=w)
-    return ConvShape(batch, c_in, length, c_out, kernel, groups, out)
+    return ConvShape(
+        batch, c_in, length, c_out, kernel, groups, out, stride, padding, dilation, output_padding
+    )
 
 
 def broadcast_shape(op: str, *shapes: Shape) -> tuple[int, ...]:

@@ -51,6 +51,10 @@ class XpBackend:
             return x
         return self.xp.asarray(np.asarray(x, dtype=np.float32))
 
+    def _dev_opt(self, x: Any | None) -> Array | None:
+        """An optional operand (a bias, gamma, beta, a mask) as :meth:`_dev` has it; None stays."""
+        return None if x is None else self._dev(x)
+
     # ---- transfer -------------------------------------------------------
     def to_device(self, host: np.ndarray, dtype: Any = np.float32) -> Array:
         out = self.xp.asarray(np.ascontiguousarray(host, dtype=dtype))
@@ -187,9 +191,8 @@ class XpBackend:
             raise
 
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
-        x, w = self._dev(x), self._dev(w)
-        b = None if b is None else self._dev(b)
-        shapes.linear_shape(x.shape, w.shape, None if b is None else b.shape)
+        x, w, b = self._dev(x), self._dev(w), self._dev_opt(b)
+        shapes.linear_shape(x.shape, w.shape, shapes.shape_of(b))
         y = self.xp.matmul(x, w.T)
         if b is not None:
             y += b
@@ -205,14 +208,18 @@ class XpBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        """im2col (a strided view, copied in time chunks) and one batched GEMM per chunk."""
-        xp = self.xp
-        x, w = self._dev(x), self._dev(w)
-        b = None if b is None else self._dev(b)
+        x, w, b = self._dev(x), self._dev(w), self._dev_opt(b)
         s = shapes.conv1d_shape(
-            x.shape, w.shape, None if b is None else b.shape, stride, padding, dilation, groups
+            x.shape, w.shape, shapes.shape_of(b), stride, padding, dilation, groups
         )
-        batch, c_in_g, k, t_out = s.batch, s.c_in_g, s.kernel, s.out_length
+        return self._conv1d(x, w, b, s)
+
+    def _conv1d(self, x: Array, w: Array, b: Array | None, s: shapes.ConvShape) -> Array:
+        """Conv1d on checked operands: im2col (a strided view, copied in time chunks) and one
+        batched GEMM per chunk."""
+        xp = self.xp
+        batch, c_in_g, k, t_out, groups = s.batch, s.c_in_g, s.kernel, s.out_length, s.groups
+        stride, padding, dilation = s.stride, s.padding, s.dilation
         padded = (
             xp.pad(x, ((0, 0), (0, 0), (padding, padding))) if padding else xp.ascontiguousarray(x)
         )
@@ -246,21 +253,19 @@ class XpBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        """One GEMM per group for every (output channel, tap) row, then K strided adds."""
-        xp = self.xp
-        x, w = self._dev(x), self._dev(w)
-        b = None if b is None else self._dev(b)
+        x, w, b = self._dev(x), self._dev(w), self._dev_opt(b)
         s = shapes.conv_transpose1d_shape(
-            x.shape,
-            w.shape,
-            None if b is None else b.shape,
-            stride,
-            padding,
-            output_padding,
-            dilation,
-            groups,
+            x.shape, w.shape, shapes.shape_of(b), stride, padding, output_padding, dilation, groups
         )
+        return self._conv_transpose1d(x, w, b, s)
+
+    def _conv_transpose1d(self, x: Array, w: Array, b: Array | None, s: shapes.ConvShape) -> Array:
+        """conv_transpose1d on checked operands: one GEMM per group for every (output channel,
+        tap) row, then K strided adds."""
+        xp = self.xp
         batch, c_in_g, c_out_g, k, t_in = s.batch, s.c_in_g, s.c_out_g, s.kernel, s.length
+        groups, stride, padding, dilation = s.groups, s.stride, s.padding, s.dilation
+        output_padding = s.output_padding
         # uncropped: the padding is cut from both ends afterwards
         full = shapes.conv_transpose1d_length(t_in, k, stride, 0, output_padding, dilation)
         # [G, Cout_g * K, Cin_g] @ [B, G, Cin_g, Tin] -> [B, G, Cout_g, K, Tin]
@@ -283,22 +288,22 @@ class XpBackend:
     def layer_norm(
         self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
     ) -> Array:
-        xp = self.xp
-        x = xp.ascontiguousarray(self._dev(x))
-        gamma = None if gamma is None else self._dev(gamma)
-        beta = None if beta is None else self._dev(beta)
-        shapes.layer_norm_shape(
-            x.shape, None if gamma is None else gamma.shape, None if beta is None else beta.shape
-        )
-        mean = xp.mean(x, axis=-1, keepdims=True)
-        centered = x - mean
-        var = xp.mean(centered * centered, axis=-1, keepdims=True)
-        y = centered / xp.sqrt(var + np.float32(eps))
+        x, gamma, beta = self._dev(x), self._dev_opt(gamma), self._dev_opt(beta)
+        shapes.layer_norm_shape(x.shape, shapes.shape_of(gamma), shapes.shape_of(beta))
+        y = self._normalise(x, eps)
         if gamma is not None:
             y = y * gamma
         if beta is not None:
             y = y + beta
         return y.astype(x.dtype, copy=False)
+
+    def _normalise(self, x: Array, eps: float) -> Array:
+        """``(x - mean) / sqrt(var + eps)`` over the last axis (layer norm before gamma, beta)."""
+        xp = self.xp
+        x = xp.ascontiguousarray(x)
+        centered = x - xp.mean(x, axis=-1, keepdims=True)
+        var = xp.mean(centered * centered, axis=-1, keepdims=True)
+        return centered / xp.sqrt(var + np.float32(eps))
 
     def _lstm_run(self, gx: Array, h: Array, c: Array, w_hh: Array, hs: Array) -> Array:
         """Steps over gx [T, B, 4H] from (h, c); writes hs [T, B, H]; returns the final c.
@@ -323,7 +328,7 @@ class XpBackend:
         self, x: Array, h: Array, c: Array, w_ih: Array, w_hh: Array, b: Array | None
     ) -> tuple[Array, Array]:
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
-        b = None if b is None else self._dev(b)
+        b = self._dev_opt(b)
         check_lstm(x, h, c, w_ih, w_hh, b, sequence=False)
         gx = self.linear(x, w_ih, b)
         hs = self.xp.empty((1, *c.shape), dtype=np.float32)
@@ -335,7 +340,7 @@ class XpBackend:
     ) -> tuple[Array, Array, Array]:
         xp = self.xp
         x, h, c, w_ih, w_hh = (self._dev(v) for v in (x, h, c, w_ih, w_hh))
-        b = None if b is None else self._dev(b)
+        b = self._dev_opt(b)
         check_lstm(x, h, c, w_ih, w_hh, b, sequence=True)
         steps, batch, _ = x.shape
         gx = xp.ascontiguousarray(self.linear(x, w_ih, b))
@@ -349,8 +354,8 @@ class XpBackend:
     ) -> Array:
         xp = self.xp
         q, k, v = self._dev(q), self._dev(k), self._dev(v)
-        mask = None if mask is None else self._dev(mask)
-        shapes.attention_shape(q.shape, k.shape, v.shape, None if mask is None else mask.shape)
+        mask = self._dev_opt(mask)
+        shapes.attention_shape(q.shape, k.shape, v.shape, shapes.shape_of(mask))
         s = np.float32(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
         scores = xp.matmul(q, xp.swapaxes(k, -1, -2))
         scores *= s
@@ -364,11 +369,5 @@ def check_lstm(
 ) -> None:
     """The shared LSTM shape check on arrays (see :func:`backends.shapes.lstm_shape`)."""
     shapes.lstm_shape(
-        x.shape,
-        h.shape,
-        c.shape,
-        w_ih.shape,
-        w_hh.shape,
-        None if b is None else b.shape,
-        sequence=sequence,
+        x.shape, h.shape, c.shape, w_ih.shape, w_hh.shape, shapes.shape_of(b), sequence=sequence
     )
