@@ -23,9 +23,11 @@ from typing import Any
 
 import attrs
 import numpy as np
+import pytest
 
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
+from backends.shapes import ShapeError
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -596,3 +598,29 @@ def call_bad(case: BadCase, backend: ArrayBackend) -> Any:
     rng = np.random.default_rng(0)
     args = [backend.to_device(rng.standard_normal(s).astype(np.float32)) for s in case.shapes]
     return case.call(backend, *args)
+
+
+# ---- the checks every backend's op tests run ---------------------------------------------
+
+over_cases = pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+"""Parametrise a test over every op case (its argument ``case``)."""
+
+over_bad_cases = pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+"""Parametrise a test over every bad-shape case (its argument ``case``)."""
+
+
+def check_case(case: Case, backend: ArrayBackend) -> None:
+    """The backend's outputs for ``case`` match the numpy reference within its tolerances."""
+    expected, got = run_case(case, backend)
+    assert_matches(case, expected, got)
+
+
+def check_bad_case(case: BadCase, backend: ArrayBackend) -> None:
+    """The backend refuses the case's operands with the shared ShapeError naming the op."""
+    with pytest.raises(ShapeError, match=f"^{case.op}: "):
+        call_bad(case, backend)
+
+
+def missing_ops(cls: type) -> set[str]:
+    """The interface ops (:data:`backends.base.OPS`) that ``cls`` does not implement."""
+    return {op for op in interface_ops() if not callable(getattr(cls, op, None))}

@@ -17,17 +17,16 @@ import numpy as np
 import pytest
 
 from backends.cuda_backend import CudaBackend
-from backends.shapes import ShapeError
 from tests.backends.gpu import GPUS, needs_gpu
 from tests.backends.op_cases import (
-    BAD_CASES,
-    CASES,
     BadCase,
     Case,
-    assert_matches,
-    call_bad,
+    check_bad_case,
+    check_case,
     interface_ops,
-    run_case,
+    missing_ops,
+    over_bad_cases,
+    over_cases,
 )
 
 
@@ -39,17 +38,15 @@ def gpu_backend() -> CudaBackend:
 
 
 @needs_gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@over_cases
 def test_gpu_op_matches_numpy(case: Case, gpu_backend: CudaBackend) -> None:
-    expected, got = run_case(case, gpu_backend)
-    assert_matches(case, expected, got)
+    check_case(case, gpu_backend)
 
 
 @needs_gpu
-@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+@over_bad_cases
 def test_gpu_bad_shapes_raise_the_shared_error(case: BadCase, gpu_backend: CudaBackend) -> None:
-    with pytest.raises(ShapeError, match=f"^{case.op}: "):
-        call_bad(case, gpu_backend)
+    check_bad_case(case, gpu_backend)
 
 
 @needs_gpu
@@ -66,15 +63,13 @@ def test_gpu_forked_streams_share_weights(gpu_backend: CudaBackend) -> None:
         )
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@over_cases
 def test_host_module_logic_matches_numpy(case: Case) -> None:
-    expected, got = run_case(case, CudaBackend.on_host())
-    assert_matches(case, expected, got)
+    check_case(case, CudaBackend.on_host())
 
 
 def test_every_interface_op_is_implemented() -> None:
-    missing = {op for op in interface_ops() if not callable(getattr(CudaBackend, op, None))}
-    assert not missing, f"CudaBackend lacks {sorted(missing)}"
+    assert not missing_ops(CudaBackend), f"CudaBackend lacks {sorted(missing_ops(CudaBackend))}"
 
 
 def test_every_op_runs_in_the_views_device_and_stream() -> None:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends.shapes import ShapeError
 from tests.backends import opencl_device
 from tests.backends.op_cases import (
-    BAD_CASES,
     CASES,
     BadCase,
     Case,
-    assert_matches,
-    call_bad,
+    check_bad_case,
+    check_case,
     covered_ops,
     interface_ops,
-    run_case,
+    missing_ops,
+    over_bad_cases,
+    over_cases,
 )
 
 cl = opencl_device.import_pyopencl()
@@ -37,23 +37,21 @@ def backend() -> OpenCLBackend:
     return make_backend("0")
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@over_cases
 def test_op_matches_numpy(case: Case, backend: OpenCLBackend) -> None:
-    expected, got = run_case(case, backend)
-    assert_matches(case, expected, got)
+    check_case(case, backend)
 
 
-@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+@over_bad_cases
 def test_bad_shapes_raise_the_shared_error(case: BadCase, backend: OpenCLBackend) -> None:
     """The same ShapeError as numpy and the array-module backends (test_xp_ops.py)."""
-    with pytest.raises(ShapeError, match=f"^{case.op}: "):
-        call_bad(case, backend)
+    check_bad_case(case, backend)
 
 
 def test_every_interface_op_has_a_case() -> None:
     missing = interface_ops() - covered_ops()
     assert not missing, f"ops without a case: {sorted(missing)}"
-    assert all(callable(getattr(OpenCLBackend, op, None)) for op in interface_ops())
+    assert not missing_ops(OpenCLBackend)
 
 
 def test_make_backend_device_strings() -> None:
@@ -147,8 +145,7 @@ def tiled() -> OpenCLBackend:
 def test_gpu_path_kernels_match_numpy(case: Case, tiled: OpenCLBackend) -> None:
     """The GPU defaults (local-memory tiled GEMM, work-group row reductions) on PoCL too."""
     assert tiled.gemm == "tiled"
-    expected, got = run_case(case, tiled)
-    assert_matches(case, expected, got)
+    check_case(case, tiled)
 
 
 def test_gemm_choice_follows_the_device_type(backend: OpenCLBackend) -> None:

@@ -17,29 +17,27 @@ from backends.cuda_backend import CudaBackend
 from backends.numpy_backend import NumpyBackend
 from backends.xp_backend import XpBackend
 from tests.backends.op_cases import (
-    BAD_CASES,
-    CASES,
     BadCase,
     Case,
-    assert_matches,
-    call_bad,
+    check_bad_case,
+    check_case,
     covered_ops,
-    run_case,
+    missing_ops,
+    over_bad_cases,
+    over_cases,
 )
 
 XP = XpBackend(np)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@over_cases
 def test_generic_backend_on_numpy_matches_the_reference(case: Case) -> None:
-    expected, got = run_case(case, XP)
-    assert_matches(case, expected, got)
+    check_case(case, XP)
 
 
 def test_the_numpy_and_cuda_backends_are_the_generic_one() -> None:
     assert issubclass(NumpyBackend, XpBackend) and issubclass(CudaBackend, XpBackend)
-    missing = {op for op in OPS if not callable(getattr(XpBackend, op, None))}
-    assert not missing, f"XpBackend lacks {sorted(missing)}"
+    assert not missing_ops(XpBackend), f"XpBackend lacks {sorted(missing_ops(XpBackend))}"
     assert covered_ops() >= OPS
 
 
@@ -51,10 +49,9 @@ BACKENDS: dict[str, ArrayBackend] = {
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS), ids=str)
-@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: c.name)
+@over_bad_cases
 def test_bad_shapes_raise_the_shared_error(case: BadCase, backend: str) -> None:
-    with pytest.raises(shapes.ShapeError, match=f"^{case.op}: "):
-        call_bad(case, BACKENDS[backend])
+    check_bad_case(case, BACKENDS[backend])
 
 
 def test_shape_error_is_a_value_error() -> None:
