@@ -197,6 +197,12 @@ class OpenCLBackend:
         """An optional operand (a bias, gamma, beta, a mask) as :meth:`_dev` has it; None stays."""
         return None if x is None else self._dev(x)
 
+    def _weighted(self, x: Any, w: Any, b: Any | None) -> tuple[Array, Array, Array | None]:
+        """A weighted layer's operands (input, float weights, optional bias) on the device."""
+        x, w = self._dev(x), self._dev(w)
+        need_float(x, w)
+        return x, w, self._dev_opt(b)
+
     def _empty(self, shape: Sequence[int], dtype: Any = np.float32) -> Array:
         shape = tuple(int(s) for s in shape)
         check_size(shape)
@@ -646,9 +652,7 @@ class OpenCLBackend:
         return self._batched(a2, b2, trans_b=False).reshape(shape)
 
     def linear(self, x: Array, w: Array, b: Array | None = None) -> Array:
-        x, w = self._dev(x), self._dev(w)
-        need_float(x, w)
-        bias = self._dev_opt(b)
+        x, w, bias = self._weighted(x, w, b)
         shape = shapes.linear_shape(x.shape, w.shape, shapes.shape_of(bias))
         n, k = w.shape
         m = prod(shape[:-1])
@@ -666,9 +670,7 @@ class OpenCLBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        x, w = self._dev(x), self._dev(w)
-        need_float(x, w)
-        bias = self._dev_opt(b)
+        x, w, bias = self._weighted(x, w, b)
         s = shapes.conv1d_shape(
             x.shape, w.shape, shapes.shape_of(bias), stride, padding, dilation, groups
         )
@@ -704,9 +706,7 @@ class OpenCLBackend:
         dilation: int = 1,
         groups: int = 1,
     ) -> Array:
-        x, w = self._dev(x), self._dev(w)
-        need_float(x, w)
-        bias_in = self._dev_opt(b)
+        x, w, bias_in = self._weighted(x, w, b)
         s = shapes.conv_transpose1d_shape(
             x.shape,
             w.shape,
