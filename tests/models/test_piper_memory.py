@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import gc
-import os
-import tracemalloc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from threadpoolctl import threadpool_limits
 
 from backends.piper import PiperRequest, load_factory
+from backends.piper.session import PiperSession
+from tests.models.memory import held_and_grown
 
 SESSIONS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
@@ -31,20 +22,15 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
     primary = factory.create()
     request = PiperRequest("Yes.", seed=1)
     primary.run(request)  # warm-up: lazy imports, espeak-ng, allocator pools
-    gc.collect()
-    rss_before = _rss_bytes()
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
+
+    def open_streams() -> tuple[list[PiperSession], list[Iterator[Any]]]:
         clones = [factory.clone(primary) for _ in range(SESSIONS - 1)]
         streams = [iter(session.stream(request)) for session in clones]
         for stream in streams:  # each clone holds an open stream and its RNG
             next(stream)
-        gc.collect()
-        held, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    rss_growth = _rss_bytes() - rss_before
+        return clones, streams
+
+    (clones, _streams), held, rss_growth = held_and_grown(open_streams)
 
     shared = factory.model.weights
     weight_bytes = sum(a.nbytes for a in shared.values())
@@ -52,7 +38,7 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
     for session in [primary, *clones]:
         assert session.model is factory.model
         assert session.model.weights is shared
-    per_session = (held - base) / (SESSIONS - 1)
+    per_session = held / (SESSIONS - 1)
     print(
         f"piper: weights {weight_bytes} B once; per-session private {per_session:.0f} B "
         f"(open stream, last chunk's audio); RSS growth for {SESSIONS - 1} clones {rss_growth} B"

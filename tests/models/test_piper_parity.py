@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from piper.patch_voice_with_alignment import add_alignment_output
-from threadpoolctl import threadpool_limits
 
 from backends.piper import PiperModel, load_model
 from backends.piper.loader import voice_paths
@@ -31,10 +29,7 @@ CASES = json.loads(FIXTURE.read_text(encoding="utf-8"))["cases"]
 SENTENCES = [CASES[0]["ids"][0], CASES[1]["ids"][0], CASES[5]["ids"][0]]  # 31, 109, 195 ids
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @functools.cache

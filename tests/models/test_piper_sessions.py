@@ -5,12 +5,10 @@ from __future__ import annotations
 import functools
 import io
 import wave
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from backends.piper import (
     PiperFactory,
@@ -27,10 +25,7 @@ TWO = "Hello there. How are you?"
 ONE = "Good morning."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @functools.cache

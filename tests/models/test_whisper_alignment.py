@@ -17,7 +17,6 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-import tokenizers
 
 from backends.whisper.alignment import (
     OPENAI_TINY_EN_ALIGNMENT_HEADS,
@@ -34,16 +33,7 @@ from backends.whisper.alignment import (
     negative_dtw,
 )
 from backends.whisper.session import default_model_dir
-from backends.whisper.tokenizer import WhisperTokenizer
-
-fw_transcribe = pytest.importorskip("faster_whisper.transcribe")
-fw_tokenizer = pytest.importorskip("faster_whisper.tokenizer")
-
-TOK = WhisperTokenizer(default_model_dir() / "tokenizer.json")
-REF = fw_tokenizer.Tokenizer(
-    tokenizers.Tokenizer.from_file(str(default_model_dir() / "tokenizer.json")), False
-)
-TS = TOK.timestamp_begin
+from tests.models.whisper_tokens import REF, TOK, TS, fw_transcribe
 
 
 def reference_dtw(x: np.ndarray) -> tuple[list[int], list[int]]:

@@ -10,29 +10,21 @@ stream members yield the session's segments.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from backends.whisper import Segment, WhisperFactory, WhisperRequest, WhisperResult, load_factory
+from backends.whisper import Segment, WhisperFactory, WhisperRequest, WhisperResult
 from core.engine import BatchEngine, BatchingFactory, Emitted, Member
-from tests.models.test_whisper_parity import FIXTURES, TIE, load_wav
+from tests.models.test_whisper_parity import TIE
+from tests.models.whisper_audio import FIXTURES, load_wav
 
 LOGPROB = 1e-4  # summed log-probabilities of identical tokens agree to float32 rounding
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def factory() -> WhisperFactory:
-    return load_factory()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _audio(name: str) -> np.ndarray:
@@ -55,8 +47,10 @@ def requests() -> list[WhisperRequest]:
 
 
 @pytest.fixture(scope="module")
-def expected(factory: WhisperFactory, requests: list[WhisperRequest]) -> list[WhisperResult]:
-    session = factory.create()
+def expected(
+    whisper_factory: WhisperFactory, requests: list[WhisperRequest]
+) -> list[WhisperResult]:
+    session = whisper_factory.create()
     return [session.run(r) for r in requests]
 
 
@@ -138,17 +132,17 @@ def _matches(ours: WhisperResult, theirs: WhisperResult) -> str:
     return "identical"
 
 
-def test_factory_offers_an_engine(factory: WhisperFactory) -> None:
-    assert isinstance(factory, BatchingFactory)
-    engine = factory.engine(3)
+def test_factory_offers_an_engine(whisper_factory: WhisperFactory) -> None:
+    assert isinstance(whisper_factory, BatchingFactory)
+    engine = whisper_factory.engine(3)
     assert isinstance(engine, BatchEngine) and engine.max_batch == 3
     with pytest.raises(ValueError, match="max_batch"):
-        factory.engine(0)
+        whisper_factory.engine(0)
 
 
 @pytest.mark.parametrize(("batch", "count"), [(1, 3), (2, 4), (4, 8), (8, 8)])
 def test_batched_tokens_equal_the_session(
-    factory: WhisperFactory,
+    whisper_factory: WhisperFactory,
     requests: list[WhisperRequest],
     expected: list[WhisperResult],
     batch: int,
@@ -156,7 +150,7 @@ def test_batched_tokens_equal_the_session(
 ) -> None:
     """At batch 1 bit for bit; above, identical up to a near tie. With fewer keys than
     requests, later requests join while earlier ones are mid-decode."""
-    seen = _drive(factory.engine(batch), [(r, False) for r in requests[:count]])
+    seen = _drive(whisper_factory.engine(batch), [(r, False) for r in requests[:count]])
     verdicts = [_matches(_result(s), e) for s, e in zip(seen, expected, strict=False)]
     if batch == 1:
         assert verdicts == ["identical"] * count
@@ -167,9 +161,9 @@ def test_batched_tokens_equal_the_session(
 
 
 def test_a_member_joins_while_another_is_mid_decode(
-    factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
+    whisper_factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
 ) -> None:
-    engine = factory.engine(2)
+    engine = whisper_factory.engine(2)
     (first,) = engine.join([Member(0, requests[3], False)])
     assert not first.done and first.error is None
     for _ in range(30):
@@ -187,11 +181,11 @@ def test_a_member_joins_while_another_is_mid_decode(
 
 
 def test_a_failing_member_does_not_disturb_the_others(
-    factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
+    whisper_factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
 ) -> None:
     """A non-request and a prompt of unknown token ids (it fails in its prefill) fail alone."""
     bad_prompt = WhisperRequest(_audio("short"), initial_prompt=(10**6,))
-    session = factory.create()
+    session = whisper_factory.create()
     errors = []
     for bad in ("not a request", bad_prompt):
         with pytest.raises(Exception) as raised:
@@ -199,7 +193,7 @@ def test_a_failing_member_does_not_disturb_the_others(
         errors.append(raised.value)
     members = [(requests[0], False), ("not a request", False), (bad_prompt, True)]
     members.append((requests[2], False))
-    seen = _drive(factory.engine(4), members)
+    seen = _drive(whisper_factory.engine(4), members)
     for entries, error in zip((seen[1], seen[2]), errors, strict=True):
         (entry,) = entries
         assert type(entry.error) is type(error) and str(entry.error) == str(error)
@@ -209,9 +203,9 @@ def test_a_failing_member_does_not_disturb_the_others(
 
 
 def test_leave_then_reuse_of_the_key(
-    factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
+    whisper_factory: WhisperFactory, requests: list[WhisperRequest], expected: list[WhisperResult]
 ) -> None:
-    engine = factory.engine(1)
+    engine = whisper_factory.engine(1)
     engine.join([Member(0, requests[2], True)])
     for _ in range(10):
         engine.step([0])
@@ -222,15 +216,17 @@ def test_leave_then_reuse_of_the_key(
     seen = _drive(engine, [(requests[3], False)])
     assert _matches(_result(seen[0]), expected[3]) == "identical"
     engine.close()
+    (closed,) = engine.join([Member(0, requests[0], False)])
+    assert isinstance(closed.error, RuntimeError) and "closed" in str(closed.error)
 
 
 def test_stream_members_yield_the_session_segments(
-    factory: WhisperFactory, requests: list[WhisperRequest]
+    whisper_factory: WhisperFactory, requests: list[WhisperRequest]
 ) -> None:
     """The story (two windows) yields its segments window by window; the others at their end."""
     chosen = [requests[4], requests[5], requests[0]]
-    seen = _drive(factory.engine(3), [(r, True) for r in chosen])
-    session = factory.create()
+    seen = _drive(whisper_factory.engine(3), [(r, True) for r in chosen])
+    session = whisper_factory.create()
     for entries, request in zip(seen, chosen, strict=True):
         assert all(e.error is None for e in entries) and entries[-1].done
         chunks = [c for e in entries for c in e.chunks]
@@ -239,9 +235,9 @@ def test_stream_members_yield_the_session_segments(
     assert len(story) == 2 and not story[0].done  # the first window's segments came early
 
 
-def test_empty_audio_is_done_at_join(factory: WhisperFactory) -> None:
+def test_empty_audio_is_done_at_join(whisper_factory: WhisperFactory) -> None:
     empty = WhisperRequest(np.zeros(0, np.float32))
-    run, stream = factory.engine(2).join([Member(0, empty, False), Member(1, empty, True)])
+    run, stream = whisper_factory.engine(2).join([Member(0, empty, False), Member(1, empty, True)])
     assert run.done and stream.done and not stream.chunks
     (result,) = run.chunks
-    assert result == factory.create().run(empty)
+    assert result == whisper_factory.create().run(empty)

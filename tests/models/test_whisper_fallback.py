@@ -8,19 +8,14 @@ scripted window model; sampling and a forced fallback on a real session.
 from __future__ import annotations
 
 import logging
-import wave
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import attrs
 import numpy as np
 import pytest
-import tokenizers
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from backends.whisper import WhisperFactory, WhisperRequest, load_factory
+from backends.whisper import WhisperFactory, WhisperRequest
 from backends.whisper.alignment import TokenAlignment
 from backends.whisper.decoding import (
     WindowResult,
@@ -35,18 +30,7 @@ from backends.whisper.fallback import (
     temperature_ladder,
 )
 from backends.whisper.longform import LongformOptions, transcribe_features
-from backends.whisper.session import default_model_dir
-from backends.whisper.tokenizer import WhisperTokenizer
-
-fw_transcribe = pytest.importorskip("faster_whisper.transcribe")
-fw_tokenizer = pytest.importorskip("faster_whisper.tokenizer")
-
-TOK = WhisperTokenizer(default_model_dir() / "tokenizer.json")
-REF = fw_tokenizer.Tokenizer(
-    tokenizers.Tokenizer.from_file(str(default_model_dir() / "tokenizer.json")), False
-)
-TS = TOK.timestamp_begin
-CLIP = Path(__file__).parent.parent / "data" / "whisper" / "short.wav"
+from tests.models.whisper_tokens import REF, TOK, TS, fw_transcribe
 
 
 def test_temperature_ladder_follows_openai_whisper() -> None:
@@ -242,45 +226,35 @@ def test_initial_prompt_as_token_ids() -> None:
 # ---- a real session -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1):
-        yield
-
-
-@pytest.fixture(scope="module")
-def factory() -> WhisperFactory:
-    return load_factory()
-
-
-@pytest.fixture(scope="module")
-def clip() -> np.ndarray:
-    with wave.open(str(CLIP)) as f:
-        return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").copy()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tokens(result: Any) -> list[int]:
     return [t for s in result.segments for t in s.tokens]
 
 
-def test_sampling_is_reproducible_per_seed(factory: WhisperFactory, clip: np.ndarray) -> None:
-    first, second = factory.create(), factory.create()
-    greedy = first.run(WhisperRequest(clip, temperature=0.0))
-    hot = WhisperRequest(clip, temperature=1.0, best_of=1, seed=3)
+def test_sampling_is_reproducible_per_seed(
+    whisper_factory: WhisperFactory, whisper_pcm: np.ndarray
+) -> None:
+    first, second = whisper_factory.create(), whisper_factory.create()
+    greedy = first.run(WhisperRequest(whisper_pcm, temperature=0.0))
+    hot = WhisperRequest(whisper_pcm, temperature=1.0, best_of=1, seed=3)
     sampled = first.run(hot)
     assert [w.result.temperature for w in sampled.windows] == [1.0]
     assert _tokens(second.run(hot)) == _tokens(sampled)  # another session, same seed
     assert _tokens(first.run(attrs.evolve(hot, seed=4))) != _tokens(sampled)
-    assert _tokens(first.run(WhisperRequest(clip, temperature=0.0))) == _tokens(greedy)
+    assert _tokens(first.run(WhisperRequest(whisper_pcm, temperature=0.0))) == _tokens(greedy)
 
 
-def test_fallback_keeps_the_best_attempt(factory: WhisperFactory, clip: np.ndarray) -> None:
+def test_fallback_keeps_the_best_attempt(
+    whisper_factory: WhisperFactory, whisper_pcm: np.ndarray
+) -> None:
     """An unreachable log-probability threshold: every temperature is tried, the best kept."""
-    session = factory.create()
-    greedy = session.run(WhisperRequest(clip, temperature=0.0, no_speech_threshold=None))
+    session = whisper_factory.create()
+    greedy = session.run(WhisperRequest(whisper_pcm, temperature=0.0, no_speech_threshold=None))
     forced = session.run(
         WhisperRequest(
-            clip,
+            whisper_pcm,
             temperature=(0.0, 0.8),
             log_prob_threshold=0.0,
             no_speech_threshold=None,

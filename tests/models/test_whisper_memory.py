@@ -3,44 +3,30 @@
 from __future__ import annotations
 
 import gc
-import os
-import wave
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from backends.whisper import WhisperRequest, load_factory, model
+from tests.models.memory import rss_bytes
+from tests.models.whisper_audio import CLIP, read_pcm
 
 SESSIONS = 16
-CLIP = Path(__file__).parent.parent / "data" / "whisper" / "short.wav"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    """One BLAS thread: multi-threaded OpenBLAS GEMVs crawl on a loaded 2-core CI machine."""
-    with threadpool_limits(limits=1):
-        yield
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
-    rss_start = _rss_bytes()
+    rss_start = rss_bytes()
     factory = load_factory()
     gc.collect()
-    rss_loaded = _rss_bytes()
+    rss_loaded = rss_bytes()
     shared = factory.weights.arrays()
     weight_bytes = sum(a.nbytes for a in shared)
     assert weight_bytes > 140_000_000  # ~37.8 M float32 parameters
 
-    with wave.open(str(CLIP)) as f:
-        request = WhisperRequest(np.frombuffer(f.readframes(f.getnframes()), dtype="<i2"))
+    request = WhisperRequest(read_pcm(CLIP))
     primary = factory.create()
     result = primary.run(request)  # warm-up: allocator pools, lazy imports
     assert result.segments
@@ -50,13 +36,13 @@ def test_sixteen_sessions_share_one_copy_of_the_weights() -> None:
     )
     gc.collect()
     prompt = np.arange(64, dtype=np.int64)[None]
-    rss_before = _rss_bytes()
+    rss_before = rss_bytes()
     clones = [factory.clone(primary) for _ in range(SESSIONS - 1)]
     for session in clones:  # every session fills its own caches (a window and 64 positions)
         session.state.set_memory(encoder_out)
         model.decode(factory.backend, factory.weights, session.state, prompt)
     gc.collect()
-    rss_growth = _rss_bytes() - rss_before
+    rss_growth = rss_bytes() - rss_before
     live_state = clones[0].state.nbytes()
 
     sessions = [primary, *clones]

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from backends.numpy_backend import NumpyBackend
 from backends.whisper import model
 from backends.whisper.ct2_reader import read_ct2_model
 from backends.whisper.session import default_model_dir
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    """One BLAS thread: multi-threaded OpenBLAS GEMVs crawl on a loaded 2-core CI machine."""
-    with threadpool_limits(limits=1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _string(text: str) -> bytes:

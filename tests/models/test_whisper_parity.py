@@ -11,46 +11,22 @@ log-probability values), so the greedy result is the whole result.
 
 from __future__ import annotations
 
-import json
-import wave
-from collections.abc import Iterator
-from pathlib import Path
-
-import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from backends.whisper import WhisperFactory, WhisperRequest, WhisperResult, load_factory
+from backends.whisper import WhisperFactory, WhisperRequest, WhisperResult
 from backends.whisper.session import default_model_dir
+from tests.models.whisper_audio import DATA, FIXTURES, load_wav
 
-DATA = Path(__file__).parent.parent / "data" / "whisper"
 TIE = 1e-3
-FIXTURES = json.loads((DATA / "fixtures.json").read_text())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    """One BLAS thread: multi-threaded OpenBLAS GEMVs crawl on a loaded 2-core CI machine."""
-    with threadpool_limits(limits=1):
-        yield
-
-
-def load_wav(name: str) -> np.ndarray:
-    with wave.open(str(DATA / name)) as f:
-        assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (16000, 1, 2)
-        pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / np.float32(32768.0)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def factory() -> WhisperFactory:
-    return load_factory()
-
-
-@pytest.fixture(scope="module")
-def ours(factory: WhisperFactory) -> dict[str, WhisperResult]:
+def ours(whisper_factory: WhisperFactory) -> dict[str, WhisperResult]:
     """Our results per fixture name, computed once for the module (one session, warm)."""
-    session = factory.create()
+    session = whisper_factory.create()
     return {
         str(f["name"]): session.run(WhisperRequest(load_wav(str(f["file"])), record_top2=True))
         for f in FIXTURES

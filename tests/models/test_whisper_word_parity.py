@@ -9,45 +9,25 @@ recorded in docs/performance.md ("Whisper word timestamps").
 
 from __future__ import annotations
 
-import json
-import wave
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from backends.whisper import WhisperFactory, WhisperRequest, WhisperResult, load_factory
+from backends.whisper import WhisperFactory, WhisperRequest, WhisperResult
 from backends.whisper.session import default_model_dir
+from tests.models.whisper_audio import FIXTURES, load_wav
 
 MEDIAN_TOLERANCE_S = 0.1
 """Largest accepted median |ours - faster-whisper| of word starts, and of word ends (seconds)."""
 PROBABILITY_TOLERANCE = 1e-3
 """Largest accepted |difference| of a word's mean token probability."""
 
-DATA = Path(__file__).parent.parent / "data" / "whisper"
-FIXTURES = json.loads((DATA / "fixtures.json").read_text())
 PROMPTED = ("weather", "Forecast: 22°C, sunny, light west wind.")
 """A fixture and a prompt that changes its transcript ("22 degrees" becomes "22°C")."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1):
-        yield
-
-
-def load_wav(name: str) -> np.ndarray:
-    with wave.open(str(DATA / name)) as f:
-        pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / np.float32(32768.0)
-
-
-@pytest.fixture(scope="module")
-def factory() -> WhisperFactory:
-    return load_factory()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +52,10 @@ def _reference_segments(reference: Any, audio: np.ndarray, **options: Any) -> li
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f["name"] for f in FIXTURES])
 def test_word_timestamps_match_faster_whisper(
-    factory: WhisperFactory, reference: Any, fixture: dict[str, Any]
+    whisper_factory: WhisperFactory, reference: Any, fixture: dict[str, Any]
 ) -> None:
     audio = load_wav(str(fixture["file"]))
-    ours: WhisperResult = factory.create().run(
+    ours: WhisperResult = whisper_factory.create().run(
         WhisperRequest(audio, temperature=0.0, word_timestamps=True)
     )
     theirs = _reference_segments(reference, audio, word_timestamps=True)
@@ -102,17 +82,17 @@ def test_word_timestamps_match_faster_whisper(
         assert all(w.start <= w.end for w in segment.words)
 
 
-def test_words_only_when_asked(factory: WhisperFactory) -> None:
-    result = factory.create().run(WhisperRequest(load_wav("short.wav")))
+def test_words_only_when_asked(whisper_factory: WhisperFactory) -> None:
+    result = whisper_factory.create().run(WhisperRequest(load_wav("short.wav")))
     assert result.segments and all(s.words is None for s in result.segments)
 
 
 def test_prompt_matches_faster_whisper_initial_prompt(
-    factory: WhisperFactory, reference: Any
+    whisper_factory: WhisperFactory, reference: Any
 ) -> None:
     name, prompt = PROMPTED
     audio = load_wav(f"{name}.wav")
-    session = factory.create()
+    session = whisper_factory.create()
     plain = session.run(WhisperRequest(audio, temperature=0.0))
     prompted = session.run(WhisperRequest(audio, temperature=0.0, initial_prompt=prompt))
     theirs = _reference_segments(reference, audio, initial_prompt=prompt)
@@ -121,6 +101,6 @@ def test_prompt_matches_faster_whisper_initial_prompt(
     assert prompted.text == "".join(s.text for s in theirs)
     assert our_tokens != [t for s in plain.segments for t in s.tokens]
     assert "22°C" in prompted.text and "22°C" not in plain.text
-    ids = factory.tokenizer.encode(" " + prompt)
+    ids = whisper_factory.tokenizer.encode(" " + prompt)
     as_ids = session.run(WhisperRequest(audio, temperature=0.0, initial_prompt=ids))
     assert [t for s in as_ids.segments for t in s.tokens] == our_tokens
