@@ -5,12 +5,15 @@ them: two joined pairs and the first 25 s of the story), transcribed one after
 another by one session (``serial``) vs all 8 as members of ``factory.engine(8)``
 (``batch 8``: they join together; each step decodes one token of every member
 with one product per linear layer; windows opened in the same step share one
-encoder pass). Silero VAD: 8 streams of 20-60 s by one session vs the engine at
-batch 8 (8 chunks of every member per step). Runs alternate serial/batched so
-load drift on a shared machine hits both alike; medians of ``repeats`` runs, wall
-and process CPU time, with 1 and 2 BLAS threads (threadpoolctl). ``check`` says
+encoder pass). ``x2 continuous``: the 8 inputs twice (16 requests) through the 8
+keys, each request joining as soon as a key is free (continuous batching).
+Silero VAD: 8 streams of 20-60 s by one session vs the engine at batch 8 (8
+chunks of every member per step). Runs alternate serial/batched so load drift
+on a shared machine hits both alike; medians of ``repeats`` runs, wall and
+process CPU time, with 1 and 2 BLAS threads (threadpoolctl). ``check`` says
 whether every member's tokens (Whisper) or probabilities within 1e-5 and events
-(VAD) equal the session's.
+(VAD) equal the session's. A second table times one Whisper decoder step (one
+token for M members and its vocabulary projection) against M.
 Run: ``.venv/bin/python bench/batched_models.py [repeats]``.
 """
 
@@ -70,27 +73,38 @@ def _vad_inputs(clip: np.ndarray) -> list[np.ndarray]:
 
 
 def _drive(engine: Any, requests: list[Any], stream: bool) -> list[list[Any]]:
-    """All requests join at once and step until done; each member's chunks."""
+    """Each request joins as soon as a key is free; every active member steps until done.
+
+    Returns each request's chunks.
+    """
     from core.engine import Member
 
     chunks: list[list[Any]] = [[] for _ in requests]
-    active = []
-    for e in engine.join([Member(k, r, stream) for k, r in enumerate(requests)]):
-        chunks[e.key].extend(e.chunks)
-        if e.error is not None:
-            raise e.error
-        if not e.done:
-            active.append(e.key)
-        else:
-            engine.leave(e.key)
-    while active:
-        for e in engine.step(list(active)):
+    pending = list(range(len(requests)))
+    free = list(range(engine.max_batch))
+    owner: dict[int, int] = {}
+    active: list[int] = []
+
+    def deliver(emitted: list[Any]) -> None:
+        for e in emitted:
             if e.error is not None:
                 raise e.error
-            chunks[e.key].extend(e.chunks)
+            chunks[owner[e.key]].extend(e.chunks)
             if e.done:
                 active.remove(e.key)
                 engine.leave(e.key)
+                free.append(e.key)
+
+    while pending or active:
+        members = []
+        while pending and free:
+            key, index = free.pop(0), pending.pop(0)
+            owner[key] = index
+            members.append(Member(key, requests[index], stream))
+        active.extend(m.key for m in members)
+        deliver(engine.join(members))
+        if active:
+            deliver(engine.step(list(active)))
     return chunks
 
 
@@ -128,37 +142,50 @@ def _vad_check(serial: list[Any], batched: list[list[Any]]) -> str:
     return f"max |dp| {worst:.1e}, {events}/{len(serial)} events identical"
 
 
-def bench(repeats: int = 3) -> list[dict[str, object]]:
+Case = tuple[str, float, Callable[[], Any], Callable[[], Any], Callable[..., str]]
+
+
+def _cases() -> list[Case]:
     _use_repo_root()
     from backends import silero_vad, whisper
     from tests.models.silero_vad_reference import fixture
 
-    rows: list[dict[str, object]] = []
-    asr = whisper.load_factory()
-    vad = silero_vad.load_factory()
+    asr, vad = whisper.load_factory(), silero_vad.load_factory()
     asr_inputs = _whisper_inputs()
-    asr_requests = [whisper.WhisperRequest(audio) for _, audio in asr_inputs]
+    once = [whisper.WhisperRequest(audio) for _, audio in asr_inputs]
+    twice = once + once
+    audio_s = sum(len(a) for _, a in asr_inputs) / RATE
     vad_requests = [silero_vad.VadRequest(a) for a in _vad_inputs(np.array(fixture()[0]))]
-    cases: list[tuple[str, float, Callable[[], Any], Callable[[], Any], Callable[..., str]]] = []
     asr_session, vad_session = asr.create(), vad.create()
-    cases.append(
+    return [
         (
-            "whisper-tiny.en",
-            sum(len(a) for _, a in asr_inputs) / RATE,
-            lambda: [asr_session.run(r) for r in asr_requests],
-            lambda: _drive(asr.engine(BATCH), asr_requests, stream=False),
+            "whisper-tiny.en, 8 inputs",
+            audio_s,
+            lambda: [asr_session.run(r) for r in once],
+            lambda: _drive(asr.engine(BATCH), once, stream=False),
             _whisper_check,
-        )
-    )
-    cases.append(
+        ),
         (
-            "silero_vad (stream)",
+            "whisper-tiny.en, x2 continuous",
+            2 * audio_s,
+            lambda: [asr_session.run(r) for r in twice],
+            lambda: _drive(asr.engine(BATCH), twice, stream=False),
+            _whisper_check,
+        ),
+        (
+            "silero_vad, 8 streams",
             sum(len(r.audio) for r in vad_requests) / RATE,
             lambda: [list(vad_session.stream(r)) for r in vad_requests],
             lambda: _drive(vad.engine(BATCH), vad_requests, stream=True),
             _vad_check,
-        )
-    )
+        ),
+    ]
+
+
+def bench(repeats: int = 3) -> list[dict[str, object]]:
+    """One row per (case, BLAS threads): serial vs batched wall and CPU seconds."""
+    rows: list[dict[str, object]] = []
+    cases = _cases()
     for threads in (1, 2):
         with blas_threads(threads):
             for model, seconds, serial, batched, check in cases:
@@ -167,7 +194,7 @@ def bench(repeats: int = 3) -> list[dict[str, object]]:
                 b_wall, b_cpu, b_out = medians["batched"]
                 rows.append(
                     {
-                        "model": model,
+                        "case": model,
                         "audio_s": round(seconds, 1),
                         "threads": threads,
                         "serial_s": round(s_wall, 2),
@@ -183,6 +210,42 @@ def bench(repeats: int = 3) -> list[dict[str, object]]:
     return rows
 
 
+def decoder_steps(repeats: int = 30) -> list[dict[str, object]]:
+    """Median milliseconds of one decoder step plus vocabulary projection, for M members."""
+    _use_repo_root()
+    from backends import whisper
+    from backends.whisper import model
+
+    factory = whisper.load_factory()
+    be, w = factory.backend, factory.weights
+    mel = np.random.default_rng(0).normal(size=(1, 80, 3000)).astype(np.float32)
+    states = [model.DecoderState(be, w) for _ in range(BATCH)]
+    encoded = model.encode(be, w, be.to_device(mel))
+    for state in states:
+        state.set_memory(encoded)
+    rows: list[dict[str, object]] = []
+    for threads in (1, 2):
+        with blas_threads(threads):
+            for members in (1, 2, 4, 8):
+                times = []
+                for _ in range(repeats):
+                    for state in states:
+                        state.length = 20
+                    t0 = time.perf_counter()
+                    be.to_host(model.step_logits(be, w, states[:members], [100] * members))
+                    times.append(time.perf_counter() - t0)
+                ms = statistics.median(times) * 1e3
+                rows.append(
+                    {
+                        "threads": threads,
+                        "members": members,
+                        "step_ms": round(ms, 2),
+                        "ms_per_member": round(ms / members, 2),
+                    }
+                )
+    return rows
+
+
 def _table(rows: list[dict[str, object]]) -> str:
     head = list(rows[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -191,4 +254,5 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 if __name__ == "__main__":
+    print(_table(decoder_steps()), flush=True)
     print(_table(bench(int(sys.argv[1]) if len(sys.argv) > 1 else 3)))

@@ -8,9 +8,9 @@ growing per member, cross-attention K/V from its own encoder output). The engine
 answers the programs' operations:
 
 * ``Step`` (one token in, logits out): the current tokens of all members in a
-  step go through one :func:`~backends.whisper.model.decode_step` (one product
-  per linear layer over the stacked rows, attention per member) and one
-  vocabulary projection;
+  step go through one :func:`~backends.whisper.model.step_logits` (one product
+  per linear layer and one vocabulary projection over the stacked rows, attention
+  per member);
 * ``SetWindow``: members that need a new 30 s window in the same step (they
   joined, or their window ended and they seek on) share one encoder pass;
 * ``Prefill``, ``Rewind`` and ``Align`` (prompt, new candidate, word timestamps at
@@ -136,7 +136,9 @@ class WhisperEngine:
     # ---- internals ---------------------------------------------------------
     def _admit(self, member: Member) -> _Member:
         key = member.key
-        if not 0 <= key < self._max_batch or key in self._members or not self._states:
+        if not self._states:
+            raise RuntimeError("whisper: the engine is closed")
+        if not 0 <= key < self._max_batch or key in self._members:
             raise ValueError(f"whisper: key {key} is out of range or in use")
         request = checked(member.request)
         state = self._states[key]
@@ -229,13 +231,12 @@ class WhisperEngine:
         lengths = [s.length for s in states]
         try:
             tokens = [_waiting(m, Step).token for m in members]
-            hidden = model.decode_step(be, w, states, tokens)
-            logits = be.to_host(model.logits(be, w, hidden))
+            logits = be.to_host(model.step_logits(be, w, states, tokens))
         except Exception:
             for state, length in zip(states, lengths, strict=True):
                 state.length = length  # a retry runs the same positions again
             raise
-        return [logits[i, 0] for i in range(len(members))]
+        return [logits[i] for i in range(len(members))]
 
     def _emit(self, key: int) -> Emitted:
         """What member ``key`` has to report after a join or a step."""

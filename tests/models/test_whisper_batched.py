@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from backends.whisper import Segment, WhisperFactory, WhisperRequest, WhisperResult
-from core.engine import BatchEngine, BatchingFactory, Emitted, Member
+from core.engine import BatchEngine, Emitted, Member
+from tests.models.batching import check_offers_an_engine
 from tests.models.test_whisper_parity import TIE
 from tests.models.whisper_audio import FIXTURES, load_wav
 
@@ -133,11 +134,7 @@ def _matches(ours: WhisperResult, theirs: WhisperResult) -> str:
 
 
 def test_factory_offers_an_engine(whisper_factory: WhisperFactory) -> None:
-    assert isinstance(whisper_factory, BatchingFactory)
-    engine = whisper_factory.engine(3)
-    assert isinstance(engine, BatchEngine) and engine.max_batch == 3
-    with pytest.raises(ValueError, match="max_batch"):
-        whisper_factory.engine(0)
+    check_offers_an_engine(whisper_factory, 3)
 
 
 @pytest.mark.parametrize(("batch", "count"), [(1, 3), (2, 4), (4, 8), (8, 8)])
