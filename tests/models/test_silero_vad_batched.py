@@ -19,7 +19,8 @@ from backends.silero_vad import (
     VadResult,
 )
 from backends.silero_vad.batched import STEP_CHUNKS
-from core.engine import BatchEngine, BatchingFactory, Emitted, Member
+from core.engine import BatchEngine, Emitted, Member
+from tests.models.batching import check_offers_an_engine
 from tests.models.silero_vad_reference import mixed_requests
 
 TOLERANCE = 1e-5
@@ -78,11 +79,7 @@ def _same_chunks(ours: list[VadChunk], theirs: list[VadChunk]) -> None:
 
 
 def test_factory_offers_an_engine(vad_factory: SileroVadFactory) -> None:
-    assert isinstance(vad_factory, BatchingFactory)
-    engine = vad_factory.engine(4)
-    assert isinstance(engine, BatchEngine) and engine.max_batch == 4
-    with pytest.raises(ValueError, match="max_batch"):
-        vad_factory.engine(0)
+    check_offers_an_engine(vad_factory, 4)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["run", "stream"])
