@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     except BackendUnavailable as exc:
         print(f"voxpool serve: {exc}", file=sys.stderr)
         return 2
-    limit_blas_threads(config.threads)
+    config = attrs.evolve(config, threads=limit_blas_threads(config.threads))
     import trio
 
     with contextlib.ExitStack() as stack:
@@ -84,22 +84,32 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def limit_blas_threads(threads: int) -> None:
-    """BLAS threads per process (config ``threads``, default 1): parallel slots, not parallel GEMMs.
+BLAS_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
-    Sessions already run in parallel on worker threads; letting each GEMM also
-    spread over every core oversubscribes the machine (measured: one Piper
-    synthesis took 3-10 s instead of 0.3 s with 2 BLAS threads under load).
-    An explicit environment setting wins.
+
+def limit_blas_threads(threads: int | None) -> int | None:
+    """Set up BLAS threads for the process; returns the fixed count, or None when they adapt.
+
+    ``threads`` is the config's: a fixed count per session call, or None (``"auto"``):
+    the BLAS thread pool gets every core this process may use and the provider
+    sets each call's share (server/blas.py). An explicit ``OPENBLAS_NUM_THREADS`` /
+    ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` in the environment wins: a fixed count.
     """
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
+    from server.blas import cores
+
+    explicit = next((os.environ[v] for v in BLAS_VARIABLES if os.environ.get(v)), None)
+    if explicit is not None and explicit.isdigit() and int(explicit) >= 1:
+        threads = int(explicit)
+    pool = threads if threads is not None else cores()
+    for var in BLAS_VARIABLES:
+        os.environ.setdefault(var, str(pool))
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
-        return
+        return threads
     if "numpy" in sys.modules:
-        threadpool_limits(limits=threads, user_api="blas")
+        threadpool_limits(limits=pool, user_api="blas")
+    return threads
 
 
 async def serve(config: ServerConfig, trace: IO[str] | None) -> int:

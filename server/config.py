@@ -144,7 +144,9 @@ class ServerConfig:
     idle_unload_ms: int = 0
     memory_budget_mb: int = 0
     max_queue: int | None = None
-    threads: int = 1
+    threads: int | None = None
+    """BLAS threads per session call: a fixed count, or None (``"auto"``, the default): every
+    core for a call running alone, ``cores // calls`` when several run (server/blas.py)."""
     audio_roots: tuple[str, ...] = ()
     runtime: RuntimeKind = RuntimeKind.PARALLEL
     models: tuple[ModelConfig, ...] = ()
@@ -449,7 +451,9 @@ def parse_config(
         idle_unload_ms=_int(raw, "idle_unload_ms", 0),
         memory_budget_mb=_int(raw, "memory_budget_mb", 0),
         max_queue=max_queue,
-        threads=_int(raw, "threads", 1, minimum=1),
+        threads=None
+        if raw.get("threads", "auto") == "auto"
+        else _int(raw, "threads", 1, minimum=1),
         audio_roots=resolved_roots,
         runtime=runtime,
         models=models,

@@ -22,6 +22,7 @@ import anyio.to_thread
 from core.engine import BatchEngine, BatchingFactory, Emitted, Member
 from core.pool import Session, SessionFactory
 from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
+from server.blas import AdaptiveThreads
 from server.families import registry
 from server.runtime.ports import ModelSpec
 
@@ -81,16 +82,28 @@ def weight_key(spec: ModelSpec) -> WeightKey:
 class ThreadedProvider:
     """ModelProvider for real models."""
 
-    def __init__(self, limiter: anyio.CapacityLimiter | None = None) -> None:
+    def __init__(
+        self,
+        limiter: anyio.CapacityLimiter | None = None,
+        threads: AdaptiveThreads | None = None,
+    ) -> None:
         self.cache: WeightCache[SessionFactory] = WeightCache()
         self.limiter = limiter
+        self.threads = threads
         self._users = itertools.count(1)
         self._holders: dict[WeightKey, list[int]] = {}
         self._loaded: dict[WeightKey, anyio.Event] = {}
         self._errors: dict[WeightKey, str] = {}
 
     async def _thread(self, fn: Any, *args: Any) -> Any:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        """Run ``fn`` in a worker thread; with adaptive threads, at its share of the cores."""
+        if self.threads is None:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        self.threads.enter()
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        finally:
+            self.threads.leave()
 
     def _load_sync(self, spec: ModelSpec) -> SessionFactory:
         entry = registry.family(spec.family)

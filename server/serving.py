@@ -6,6 +6,7 @@ from typing import IO
 
 from starlette.types import ASGIApp
 
+from server.blas import AdaptiveThreads, cores
 from server.config import ServerConfig
 from server.http.app import build_app
 from server.http.state import ServerState
@@ -13,6 +14,11 @@ from server.metrics import Metrics
 from server.provider import ThreadedProvider
 from server.runtime import ModelProvider, Runtime, RuntimeConfig
 from server.runtime.tracing import TraceLog
+
+
+def adaptive_threads(threads: int | None) -> AdaptiveThreads | None:
+    """The provider's thread policy: adaptive when the config's ``threads`` is ``"auto"``."""
+    return AdaptiveThreads(cores()) if threads is None else None
 
 
 def make_state(
@@ -32,7 +38,7 @@ def make_state(
             metrics_box[0].observe(record)
 
     runtime = Runtime(
-        provider or ThreadedProvider(),
+        provider or ThreadedProvider(threads=adaptive_threads(config.threads)),
         RuntimeConfig(
             busy_timeout_ms=config.busy_timeout_ms,
             max_loaded_models=config.max_loaded_models,

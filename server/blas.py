@@ -1,0 +1,102 @@
+"""BLAS threads that follow the load: every core for a call that runs alone, one each when full.
+
+Session calls run in worker threads, so slots already give parallelism; a BLAS
+that also spreads every product over every core oversubscribes the machine when
+the slots are busy (measured: a wave of 8 TTS requests on 4 slots took 56 s with
+OpenBLAS's own threads, 5 s with one). But a single request on an idle machine
+should get all of it. :class:`AdaptiveThreads` counts the session calls in flight
+and, whenever that count changes, sets the BLAS thread count to
+``max(1, cores // calls)``: one call alone gets every core, two calls on two
+cores one each. The setting is process-wide (OpenBLAS's thread count is global:
+``openblas_set_num_threads_local`` changes it for every thread too), and every
+BLAS call reads it when it starts, so a call that started alone drops to its
+share at its next product once another call begins.
+
+Results: OpenBLAS splits a product differently for different thread counts, so
+outputs may differ in the last bits between 1 and n threads (never between runs
+at the same count). The tolerances are declared in docs/server.md and tested in
+tests/server/test_blas_threads.py: Whisper tokens identical, Silero VAD
+probabilities within 1e-5, Piper audio within 1e-4.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+log = logging.getLogger("voxpool.blas")
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_for(calls: int, cores: int) -> int:
+    """BLAS threads for each of ``calls`` concurrent session calls on ``cores`` CPUs."""
+    return max(1, cores // max(1, calls))
+
+
+def blas_setter() -> Callable[[int], None] | None:
+    """A function that sets the process's BLAS threads (every BLAS numpy loaded), or None
+    when threadpoolctl or a BLAS is missing."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return None
+    controllers = ThreadpoolController().select(user_api="blas").lib_controllers
+    if not controllers:
+        return None
+
+    def set_threads(n: int) -> None:
+        for controller in controllers:
+            controller.set_num_threads(n)
+
+    return set_threads
+
+
+class AdaptiveThreads:
+    """Counts session calls in flight and keeps the BLAS threads at each call's share.
+
+    :meth:`enter` and :meth:`leave` are called from the event loop thread around
+    every session call (never concurrently); ``set_threads`` is looked up on the
+    first call (the BLAS is loaded with the first model).
+    """
+
+    def __init__(
+        self, cores: int, set_threads: Callable[[int], None] | None = None, *, lookup: bool = True
+    ) -> None:
+        self.cores = cores
+        self.calls = 0
+        self.current: int | None = None
+        self._set = set_threads
+        self._lookup = lookup and set_threads is None
+        self.changes = 0
+
+    def enter(self) -> None:
+        """A session call is about to start."""
+        self.calls += 1
+        self._apply()
+
+    def leave(self) -> None:
+        """A session call ended."""
+        self.calls -= 1
+        self._apply()
+
+    def _apply(self) -> None:
+        if self._set is None and self._lookup:
+            self._lookup = False
+            self._set = blas_setter()
+            if self._set is None:
+                log.warning("no BLAS thread control found: BLAS keeps its own thread count")
+        if self._set is None or self.calls == 0:
+            return  # idle: keep the last setting (the next call sets its own)
+        want = threads_for(self.calls, self.cores)
+        if want != self.current:
+            self._set(want)
+            self.current = want
+            self.changes += 1
