@@ -84,8 +84,8 @@ def _piper_voice(threads: int) -> Any:
 def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """Both runtimes side by side; one row per (impl, input)."""
     label_ours = f"voxpool-{backend}"
-    array_backend = _array_backend(backend)
     _root_first()
+    array_backend = _array_backend(backend)
     from piper.config import SynthesisConfig
 
     from backends.piper import PiperRequest, load_factory
@@ -135,7 +135,15 @@ def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
     from backends.piper import PiperRequest, load_factory
     from backends.piper import model as piper_model
 
-    stages = ("encode", "log_durations", "flow_reverse", "generate")
+    # the numpy backend runs the flow and the generator on their fused host paths
+    stages = (
+        "encode",
+        "log_durations",
+        "flow_reverse",
+        "flow_reverse_host",
+        "generate",
+        "generate_host",
+    )
     spent: dict[str, list[float]] = {s: [] for s in (*stages, "total")}
     originals = {s: getattr(piper_model, s) for s in stages}
     current: dict[str, float] = {}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from backends.base import Array, ArrayBackend
+from backends.piper import host
 from backends.piper.layers import Weights, conv, split_channels
 from backends.piper.loader import Hyper
 
@@ -41,5 +44,70 @@ def _wavenet(be: ArrayBackend, w: Weights, h: Hyper, p: str, x: Array) -> Array:
         else:
             skip = rs
         out = skip if out is None else be.add(out, skip)
+    assert out is not None
+    return out
+
+
+def prepare_flow(w: Weights, h: Hyper) -> dict[str, host.ConvWeights]:
+    """The coupling nets' convs as fused-conv operands (host arrays), by module name."""
+    out = {}
+    for i in range(0, 2 * h.flow_layers, 2):
+        p = f"flow.flows.{i}"
+        names = [f"{p}.pre", f"{p}.post"]
+        for j in range(h.flow_wn_layers):
+            names += [f"{p}.enc.in_layers.{j}", f"{p}.enc.res_skip_layers.{j}"]
+        for name in names:
+            out[name] = host.prepare(w[f"{name}.weight"], w.get(f"{name}.bias"))
+    return out
+
+
+def flow_reverse_host(prep: Mapping[str, host.ConvWeights], h: Hyper, z: np.ndarray) -> np.ndarray:
+    """:func:`flow_reverse` on host arrays with fused convs: z_p [C, T'] -> z [C, T']."""
+    half = h.inter // 2
+    for i in reversed(range(0, 2 * h.flow_layers, 2)):
+        z = z[::-1]  # Flip (a view; the coupling writes a new array)
+        p = f"flow.flows.{i}"
+        x0 = z[:half]
+        hh = _conv_host(x0, prep[f"{p}.pre"])
+        m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh), prep[f"{p}.post"])
+        out = np.empty((h.inter, z.shape[1]), np.float32)
+        out[:half] = x0
+        np.subtract(z[half:], m, out=out[half:])
+        z = out
+    return np.ascontiguousarray(z)
+
+
+def _conv_host(x: np.ndarray, cw: host.ConvWeights) -> np.ndarray:
+    out = np.empty((cw.matrix.shape[0], x.shape[1]), np.float32)
+    host.conv_same(x, cw, out)
+    return out
+
+
+def _wavenet_host(
+    prep: Mapping[str, host.ConvWeights], h: Hyper, p: str, x: np.ndarray
+) -> np.ndarray:
+    """:func:`_wavenet` with the gate computed in place: tanh(a) * sigmoid(b)."""
+    c = h.hidden
+    x = x.copy()
+    out: np.ndarray | None = None
+    for j in range(h.flow_wn_layers):
+        x_in = _conv_host(x, prep[f"{p}.in_layers.{j}"])
+        t_act, s_act = x_in[:c], x_in[c:]
+        np.tanh(t_act, out=t_act)
+        s_act *= np.float32(0.5)  # sigmoid(s) = 0.5 * (1 + tanh(s / 2)), the backend's formula
+        np.tanh(s_act, out=s_act)
+        s_act += np.float32(1.0)
+        s_act *= np.float32(0.5)
+        t_act *= s_act
+        rs = _conv_host(t_act, prep[f"{p}.res_skip_layers.{j}"])
+        if j < h.flow_wn_layers - 1:
+            x += rs[:c]
+            skip = rs[c:]
+        else:
+            skip = rs
+        if out is None:
+            out = skip.copy()
+        else:
+            out += skip
     assert out is not None
     return out

@@ -1,12 +1,23 @@
-"""HiFi-GAN generator (ResBlock2 variant of Piper's medium voices): latent frames -> audio."""
+"""HiFi-GAN generator (ResBlock2 variant of Piper's medium voices): latent frames -> audio.
+
+:func:`generate` runs on any array backend. On the numpy backend,
+:func:`generate_host` runs the same layers with :mod:`backends.piper.host`'s fused
+convolutions (activation, conv, bias, residual, resblock sum and scale in one pass
+over cache-sized tiles) over weights prepared once per model
+(:func:`prepare_generator`).
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from backends.base import Array, ArrayBackend
+from backends.piper import host
 from backends.piper.layers import Weights, conv
 from backends.piper.loader import Hyper
 
 _SLOPE = 0.1
+_POST_SLOPE = 0.01
 
 
 def generate(be: ArrayBackend, w: Weights, h: Hyper, z: Array) -> Array:
@@ -26,7 +37,7 @@ def generate(be: ArrayBackend, w: Weights, h: Hyper, z: Array) -> Array:
             xs = y if xs is None else be.add(xs, y)
         assert xs is not None
         x = be.scale(xs, 1.0 / n_k)
-    x = conv(be, w, "dec.conv_post", be.leaky_relu(x, 0.01), padding=3)
+    x = conv(be, w, "dec.conv_post", be.leaky_relu(x, _POST_SLOPE), padding=3)
     return be.tanh(x)
 
 
@@ -44,3 +55,64 @@ def _resblock(
         xt = conv(be, w, f"{p}.convs.{m}", xt, padding=d * (kernel - 1) // 2, dilation=d)
         x = be.add(xt, x)
     return x
+
+
+def prepare_generator(
+    w: Weights, h: Hyper
+) -> tuple[dict[str, host.ConvWeights], dict[str, host.UpWeights]]:
+    """The generator's convs and transposed convs as fast-path operands, by module name."""
+    ups = {
+        f"dec.ups.{i}": host.prepare_up(
+            w[f"dec.ups.{i}.weight"], w[f"dec.ups.{i}.bias"], u, (k - u) // 2
+        )
+        for i, (u, k) in enumerate(zip(h.upsample_rates, h.upsample_kernels, strict=True))
+    }
+    out = {
+        name: host.prepare(w[f"{name}.weight"], w.get(f"{name}.bias"))
+        for name in ("dec.conv_pre", "dec.conv_post")
+    }
+    n_k = len(h.resblock_kernels)
+    for i in range(len(h.upsample_rates)):
+        for j, dil in enumerate(h.resblock_dilations):
+            p = f"dec.resblocks.{i * n_k + j}"
+            for m, d in enumerate(dil):
+                name = f"{p}.convs.{m}"
+                out[name] = host.prepare(w[f"{name}.weight"], w.get(f"{name}.bias"), d)
+    return out, ups
+
+
+def generate_host(prepared: host.Prepared, h: Hyper, z: np.ndarray) -> np.ndarray:
+    """:func:`generate` on host arrays with the fused paths: z [inter, T'] -> audio [T' * hop]."""
+    prep = prepared.convs
+    x = np.empty((prep["dec.conv_pre"].matrix.shape[0], z.shape[1]), np.float32)
+    host.conv_same(z, prep["dec.conv_pre"], x, post_slope=_SLOPE)
+    n_k = len(h.resblock_kernels)
+    stages = len(h.upsample_rates)
+    for i in range(stages):
+        x = host.conv_transpose(x, prepared.ups[f"dec.ups.{i}"])
+        inner = max(len(dil) for dil in h.resblock_dilations) - 1
+        bufs = [np.empty_like(x) for _ in range(min(inner, 2))]  # inner outputs, reused
+        acc = np.empty_like(x)  # the resblocks' sum, then the stage's activated output
+        for j, dil in enumerate(h.resblock_dilations):
+            p = f"dec.resblocks.{i * n_k + j}"
+            last = j == n_k - 1
+            src = x
+            for m in range(len(dil) - 1):
+                cw = prep[f"{p}.convs.{m}"]
+                host.conv_same(src, cw, bufs[m % 2], slope=_SLOPE, residual=True)
+                src = bufs[m % 2]
+            host.conv_same(
+                src,
+                prep[f"{p}.convs.{len(dil) - 1}"],
+                acc,
+                slope=_SLOPE,
+                residual=True,
+                add_to=j > 0,
+                scale=1.0 / n_k if last else None,
+                post_slope=(_SLOPE if i < stages - 1 else _POST_SLOPE) if last else None,
+            )
+        x = acc
+    audio = np.empty((1, x.shape[1]), np.float32)
+    host.conv_same(x, prep["dec.conv_post"], audio)
+    np.tanh(audio, out=audio)
+    return audio.reshape(-1)

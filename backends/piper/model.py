@@ -12,10 +12,11 @@ import attrs
 import numpy as np
 
 from backends.base import Array, ArrayBackend
+from backends.piper import host
 from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
-from backends.piper.flow import flow_reverse
-from backends.piper.generator import generate
+from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_flow
+from backends.piper.generator import generate, generate_host, prepare_generator
 from backends.piper.loader import Hyper, VoiceConfig
 from backends.piper.text_encoder import encode
 
@@ -36,6 +37,16 @@ class PiperModel:
     weights: Mapping[str, Array]
     config: VoiceConfig
     hyper: Hyper = attrs.field(factory=Hyper)
+    prepared: host.Prepared | None = attrs.field(init=False, repr=False)
+    """The flow's and generator's convs as fused-conv operands on the numpy backend (None
+    elsewhere), built once per model."""
+
+    @prepared.default
+    def _prepare(self) -> host.Prepared | None:
+        if not host.is_host(self.backend):
+            return None
+        convs, ups = prepare_generator(self.weights, self.hyper)
+        return host.Prepared({**prepare_flow(self.weights, self.hyper), **convs}, ups)
 
     def synthesize_ids(
         self,
@@ -80,6 +91,10 @@ class PiperModel:
             logs = be.zeros((1, h.inter, 1))
         noise = be.to_device(rng.standard_normal((1, h.inter, frames), dtype=np.float32))
         z_p = be.add(m, be.scale(be.mul(noise, be.exp(logs)), noise_scale))
-        z = flow_reverse(be, w, h, z_p)
-        audio = be.to_host(generate(be, w, h, z)).reshape(-1)
+        if self.prepared is not None and host.is_host(be):
+            z_host = flow_reverse_host(self.prepared.convs, h, z_p[0])
+            audio = generate_host(self.prepared, h, z_host)
+        else:
+            z = flow_reverse(be, w, h, z_p)
+            audio = be.to_host(generate(be, w, h, z)).reshape(-1)
         return Synthesis(audio=audio.astype(np.float32, copy=False), durations=durations)

@@ -163,3 +163,36 @@ def test_leaky_relu_keeps_its_definition() -> None:
         y = BE.leaky_relu(x, slope)
         np.testing.assert_array_equal(y, ref)
         np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
+
+
+@pytest.mark.parametrize("tile_bytes", [1024, 1 << 22])
+@pytest.mark.parametrize(("c_in", "c_out", "k", "d", "t"), [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300)])
+def test_piper_fused_conv_matches_the_backend_ops(
+    tile_bytes: int, c_in: int, c_out: int, k: int, d: int, t: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """host.conv_same = activation, conv, bias, residual, accumulation, scale, activation."""
+    from backends.piper import host
+
+    monkeypatch.setattr(host, "TILE_BYTES", tile_bytes)  # many tiles (halos at both ends), or one
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((c_in, t), dtype=np.float32)
+    w = rng.standard_normal((c_out, c_in, k), dtype=np.float32) * 0.3
+    b = rng.standard_normal(c_out, dtype=np.float32)
+    cw = host.prepare(w, b, d)
+    pad = d * (k - 1) // 2
+    conv = BE.conv1d(BE.leaky_relu(x[None], 0.1), w, b, 1, pad, d)[0]
+    out = np.empty((c_out, t), np.float32)
+    host.conv_same(x, cw, out, slope=0.1)
+    np.testing.assert_allclose(out, conv, atol=TOL, rtol=TOL)
+    if c_in == c_out:
+        host.conv_same(x, cw, out, slope=0.1, residual=True)
+        np.testing.assert_allclose(out, conv + x, atol=TOL, rtol=TOL)
+        acc = rng.standard_normal((c_out, t), dtype=np.float32)
+        want = BE.leaky_relu((acc + conv + x) * np.float32(0.5), 0.01)
+        host.conv_same(
+            x, cw, acc, slope=0.1, residual=True, add_to=True, scale=0.5, post_slope=0.01
+        )
+        np.testing.assert_allclose(acc, want, atol=TOL, rtol=TOL)
+    plain = host.prepare(w, None, d)
+    host.conv_same(x, plain, out)
+    np.testing.assert_allclose(out, BE.conv1d(x[None], w, None, 1, pad, d)[0], atol=TOL, rtol=TOL)

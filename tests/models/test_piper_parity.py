@@ -83,3 +83,17 @@ def test_noise_is_drawn_from_the_callers_rng() -> None:
     c = _model().synthesize_ids(ids, 0.667, 1.0, 0.8, np.random.default_rng(2)).audio
     assert a.tobytes() == b.tobytes()
     assert a.shape != c.shape or not np.array_equal(a, c)
+
+
+def test_numpy_fast_paths_match_the_generic_backend_code() -> None:
+    """The fused host flow and generator (numpy) against the generic layers (XpBackend)."""
+    from backends.xp_backend import XpBackend
+
+    assert _model().prepared is not None  # the numpy backend takes the fast paths
+    generic = PiperModel(backend=XpBackend(np), weights=_model().weights, config=_model().config)
+    assert generic.prepared is None
+    ids = np.array(SENTENCES[0])
+    fast = _model().synthesize_ids(ids, 0.667, 1.0, 0.8, np.random.default_rng(3))
+    slow = generic.synthesize_ids(ids, 0.667, 1.0, 0.8, np.random.default_rng(3))
+    np.testing.assert_array_equal(fast.durations, slow.durations)
+    assert float(np.max(np.abs(fast.audio - slow.audio))) <= 1e-4

@@ -1,0 +1,205 @@
+"""Piper's fast paths on the numpy backend: fused, tiled convolutions over host arrays.
+
+The HiFi-GAN decoder is about three quarters of a request, nearly all of it in
+its residual blocks: ``x + conv(leaky_relu(x))`` at 32 to 128 channels over
+tens of thousands of samples. The backend's generic ops run that as three
+passes over memory (activation, im2col conv, residual add). Here one pass over
+cache-sized time tiles does all three, plus the resblock sum and its
+``1 / n`` scale: the activation of a tile (with its halo) is computed once into
+a small buffer, the tile's column matrix is filled from it, one GEMM with the
+bias folded in (a row of ones) writes the tile, and the residual and the
+accumulation are added while it is still in cache. Tile buffers are allocated
+once per call and reused for every tile.
+
+Values are those of the backend's ops up to float32 summation order (the
+GEMM over the same rows, the same bias, the same activation); the parity tests
+against onnxruntime bound them.
+
+Only for :class:`backends.numpy_backend.NumpyBackend` (host arrays): other
+backends run the generic code in :mod:`backends.piper.generator`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from backends.base import ArrayBackend
+from backends.numpy_backend import NumpyBackend
+
+TILE_BYTES = 1 << 22
+"""Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
+
+
+def is_host(be: ArrayBackend) -> bool:
+    """True when ``be`` computes on host numpy arrays with the CPU layers (the fast paths apply)."""
+    return isinstance(be, NumpyBackend)
+
+
+@attrs.frozen(eq=False)
+class ConvWeights:
+    """A Conv1d prepared for :func:`conv_same`: ``[C_out, C_in * K + 1]``, bias last."""
+
+    matrix: np.ndarray
+    kernel: int
+    dilation: int
+
+
+def prepare(w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> ConvWeights:
+    """Conv1d weights ``[C_out, C_in, K]`` and bias as one GEMM operand (rows (channel, tap))."""
+    c_out, c_in, k = w.shape
+    bias = np.zeros(c_out, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1)
+    matrix = np.concatenate([w.reshape(c_out, c_in * k), bias[:, None]], axis=1)
+    return ConvWeights(np.ascontiguousarray(matrix, dtype=np.float32), k, dilation)
+
+
+def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
+    """``out = leaky_relu(src)`` for ``0 <= slope <= 1`` as ``max(src, slope * src)``."""
+    np.multiply(src, np.float32(slope), out=out)
+    np.maximum(out, src, out=out)
+
+
+def conv_same(
+    x: np.ndarray,
+    cw: ConvWeights,
+    out: np.ndarray,
+    *,
+    slope: float | None = None,
+    residual: bool = False,
+    add_to: bool = False,
+    scale: float | None = None,
+    post_slope: float | None = None,
+) -> None:
+    """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
+
+    Per time tile, in this order (each step optional):
+
+    * the input is ``leaky_relu(x, slope)`` (the zero padding applies after it);
+    * ``r = conv(.) + bias``, plus ``x`` itself when ``residual``;
+    * ``out = r``, or ``out += r`` when ``add_to``;
+    * ``out *= scale``, then ``out = leaky_relu(out, post_slope)`` (the next
+      layer's activation, when nothing else reads ``out``).
+
+    ``out`` must not overlap ``x``.
+    """
+    c_in, t = x.shape
+    k, d = cw.kernel, cw.dilation
+    pad = d * (k - 1) // 2
+    rows = c_in * k
+    tile = max(256, min(t, TILE_BYTES // (4 * (rows + 1))))
+    act = np.empty((c_in, tile + 2 * pad), np.float32)
+    cols = np.empty((rows + 1, tile), np.float32)
+    cols[rows] = 1
+    cols3 = cols[:rows].reshape(c_in, k, tile)
+    tmp = np.empty((cw.matrix.shape[0], tile), np.float32)
+    s = None if scale is None else np.float32(scale)
+    for t0 in range(0, t, tile):
+        n = min(tile, t - t0)
+        lo, hi = t0 - pad, t0 + n + pad
+        a0, a1 = max(0, -lo), n + 2 * pad - max(0, hi - t)
+        src = x[:, max(lo, 0) : min(hi, t)]
+        if slope is None:
+            act[:, a0:a1] = src
+        else:
+            leaky_into(src, slope, act[:, a0:a1])
+        if a0:
+            act[:, :a0] = 0
+        if a1 < n + 2 * pad:
+            act[:, a1 : n + 2 * pad] = 0
+        # every tap's shifted window in one copy: a (channel, tap, time) view of ``act``
+        cols3[:, :, :n] = as_strided(act, (c_in, k, n), (act.strides[0], d * 4, 4))
+        o, r = out[:, t0 : t0 + n], tmp[:, :n]
+        np.matmul(cw.matrix, cols[:, :n], out=r)  # a contiguous product (the GEMM's best case)
+        if residual:
+            if add_to:
+                r += x[:, t0 : t0 + n]
+            else:
+                np.add(r, x[:, t0 : t0 + n], out=o)
+        if add_to:
+            o += r
+        elif not residual:
+            o[...] = r
+        if s is not None:
+            o *= s
+        if post_slope is not None:
+            np.maximum(o, np.multiply(o, np.float32(post_slope), out=r), out=o)
+
+
+FRAMES_BYTES = 1 << 21
+"""Bytes of one tile's transposed-conv product (:func:`conv_transpose`)."""
+
+
+@attrs.frozen(eq=False)
+class UpWeights:
+    """A ConvTranspose1d prepared for :func:`conv_transpose`: rows (out channel, tap, phase)."""
+
+    matrix: np.ndarray  # [C_out * K, C_in]
+    bias: np.ndarray  # [C_out, 1]
+    stride: int
+    padding: int
+
+    @property
+    def c_out(self) -> int:
+        return int(self.bias.shape[0])
+
+
+def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWeights:
+    """ConvTranspose1d weights ``[C_in, C_out, K]`` (``K`` a multiple of ``stride``) and bias."""
+    c_in, c_out, k = w.shape
+    if k % stride:
+        raise ValueError(f"conv_transpose: kernel {k} is not a multiple of stride {stride}")
+    matrix = np.ascontiguousarray(w.reshape(c_in, c_out * k).T, dtype=np.float32)
+    return UpWeights(matrix, np.asarray(b, np.float32).reshape(c_out, 1), stride, padding)
+
+
+def conv_transpose(x: np.ndarray, uw: UpWeights) -> np.ndarray:
+    """ConvTranspose1d (dilation 1, no output padding) of ``x [C_in, T]``, polyphase, in tiles.
+
+    Output frame ``f`` (``stride`` samples) is the sum over taps ``m`` of input frame
+    ``f - m``'s product rows for that tap; per tile of frames one GEMM gives every row
+    of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
+    into frame-major order while the product is in cache, and the cropped samples
+    (``padding`` at both ends) are written with the bias added.
+    """
+    c_in, t = x.shape
+    u, pad, c_out = uw.stride, uw.padding, uw.c_out
+    taps = uw.matrix.shape[0] // (c_out * u)
+    t_out = (t - 1) * u - 2 * pad + taps * u
+    frames = t + taps - 1
+    out = np.empty((c_out, t_out), np.float32)
+    per = max(16, FRAMES_BYTES // (4 * uw.matrix.shape[0]))
+    acc = np.empty((c_out, per, u), np.float32)
+    for f0 in range(0, frames, per):
+        f1 = min(frames, f0 + per)
+        i0, i1 = max(0, f0 - taps + 1), min(t, f1)
+        c4 = np.matmul(uw.matrix, x[:, i0:i1]).reshape(c_out, taps, u, i1 - i0)
+        a = acc[:, : f1 - f0]
+        for m in range(taps):
+            lo, hi = max(f0, i0 + m), min(f1, i1 + m)  # output frames tap m reaches
+            part = c4[:, m, :, lo - m - i0 : hi - m - i0].transpose(0, 2, 1)
+            if m == 0:
+                if lo > f0:
+                    a[:, : lo - f0] = 0
+                if hi < f1:
+                    a[:, hi - f0 :] = 0
+                a[:, lo - f0 : hi - f0] = part
+            else:
+                a[:, lo - f0 : hi - f0] += part
+        flat = a.reshape(c_out, (f1 - f0) * u)
+        s0 = max(0, pad - f0 * u)  # first sample of this tile that is not cropped
+        s1 = min((f1 - f0) * u, t_out + pad - f0 * u)
+        if s1 > s0:
+            o0 = f0 * u + s0 - pad
+            np.add(flat[:, s0:s1], uw.bias, out=out[:, o0 : o0 + s1 - s0])
+    return out
+
+
+@attrs.frozen(eq=False)
+class Prepared:
+    """A model's weights as the fast paths' operands, by module name; built once per model."""
+
+    convs: Mapping[str, ConvWeights]
+    ups: Mapping[str, UpWeights]
