@@ -1,0 +1,243 @@
+"""Cross-request batching (#14): waves of c concurrent requests, batched vs not, vs the peers.
+
+    python bench/batching.py [--concurrency 1,2,4,8,16] [--threads 1,2] [--repeats 2] [--http]
+
+ASR: a wave is c transcriptions of the 8 inputs of ``bench/batched_models.py`` (the 5
+Whisper fixtures and 3 made from them), cycled. Side by side in one process, runs
+alternating so load drift hits all alike:
+
+* ``voxpool slots=2``: the runtime (``Runtime`` + ``ThreadedProvider``) as the embedded
+  default serves it today, 2 slots, no batching, the c requests submitted at once;
+* ``voxpool batched``: the same runtime with ``batching: true`` and c slots (the batch);
+* ``fw fp32 serial``: faster-whisper float32, the c files one after another (greedy, one
+  temperature, as ``bench/model_whisper.py``);
+* ``fw fp32 batched`` / ``fw int8 batched``: faster-whisper's ``BatchedInferencePipeline``
+  (batch_size 8), the c files one after another.
+
+With ``--http`` two ``voxpool serve`` processes (the same two configurations, ``threads``
+set to the run's) get the same waves over HTTP (multipart uploads, c connections at
+once). BLAS threads: threadpoolctl for ours, ``cpu_threads`` for the peers. The table
+gives median wave seconds and each row's ratio to ``fw fp32 batched`` and ``fw int8
+batched``; ``same`` says whether the batched runtime's texts equal the unbatched one's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+import wave
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if sys.path[:1] != [str(ROOT)]:  # run as a script: the project, not bench/core.py
+    sys.path.insert(0, str(ROOT))
+
+import anyio  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.batched_models import _whisper_inputs  # noqa: E402
+from bench.common import blas_threads  # noqa: E402
+
+Wave = Callable[[list[np.ndarray]], list[str]]
+
+
+def _runtime_wave(slots: int, batching: bool) -> tuple[Any, Wave]:
+    """A portal-driven runtime serving ``whisper``; its wave submits every request at once."""
+    from anyio.from_thread import start_blocking_portal
+
+    from backends.whisper import WhisperRequest
+    from server.provider import ThreadedProvider
+    from server.runtime import ModelSpec, Runtime, RuntimeConfig
+
+    cm = start_blocking_portal()
+    portal = cm.__enter__()
+
+    async def build() -> Runtime:  # the runtime reads the loop's clock
+        rt = Runtime(ThreadedProvider(), RuntimeConfig(busy_timeout_ms=0))
+        rt.add_model(ModelSpec("whisper", "whisper", task="asr", slots=slots, batching=batching))
+        return rt
+
+    rt = portal.call(build)
+    held = portal.wrap_async_context_manager(rt)  # entered and left in one task
+    held.__enter__()
+
+    async def run_all(audios: list[np.ndarray]) -> list[str]:
+        out = [""] * len(audios)
+
+        async def one(k: int) -> None:
+            result = await rt.run("whisper", WhisperRequest(audios[k]))
+            out[k] = result.text
+
+        async with anyio.create_task_group() as tg:
+            for k in range(len(audios)):
+                tg.start_soon(one, k)
+        return out
+
+    def wave_fn(audios: list[np.ndarray]) -> list[str]:
+        return portal.call(run_all, audios)
+
+    def close() -> None:
+        held.__exit__(None, None, None)
+        cm.__exit__(None, None, None)
+
+    return close, wave_fn
+
+
+def _peer_wave(compute_type: str, threads: int, batched: bool) -> Wave:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    from backends.whisper.session import default_model_dir
+
+    model = WhisperModel(
+        str(default_model_dir()), device="cpu", compute_type=compute_type, cpu_threads=threads
+    )
+    pipeline = BatchedInferencePipeline(model) if batched else None
+
+    def wave_fn(audios: list[np.ndarray]) -> list[str]:
+        texts = []
+        for audio in audios:
+            if pipeline is not None:
+                segments, _ = pipeline.transcribe(audio, batch_size=8, beam_size=1)
+            else:
+                segments, _ = model.transcribe(
+                    audio, beam_size=1, temperature=[0.0], vad_filter=False
+                )
+            texts.append("".join(s.text for s in segments).strip())
+        return texts
+
+    return wave_fn
+
+
+def _wav(audio: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def _http_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[Any, Wave]:
+    """A ``voxpool serve`` process; its wave posts every file at once on its own connection."""
+    import httpx
+
+    from tests.server.live import LiveServer
+
+    model = {"id": "whisper", "family": "whisper", "slots": slots, "batching": batching}
+    config = {"busy_timeout_ms": 0, "threads": threads, "models": [model]}
+    path = logs / f"bench-{'batched' if batching else 'slots'}-{threads}.json"
+    path.write_text(json.dumps(config))
+    server = LiveServer(path, logs).start()
+
+    def one(data: bytes) -> str:
+        r = httpx.post(
+            server.url + "/v1/audio/transcriptions",
+            files={"file": ("a.wav", data, "audio/wav")},
+            data={"model": "whisper"},
+            timeout=600.0,
+        )
+        r.raise_for_status()
+        return str(r.json()["text"])
+
+    def wave_fn(audios: list[np.ndarray]) -> list[str]:
+        files = [_wav(a) for a in audios]
+        with ThreadPoolExecutor(len(files)) as pool:
+            return list(pool.map(one, files))
+
+    return server.stop, wave_fn
+
+
+def _measure(waves: dict[str, Wave], audios: list[np.ndarray], repeats: int) -> dict[str, Any]:
+    names = list(waves)
+    for name in names:  # warm-up: loads, first-call allocations
+        waves[name](audios[:1])
+    times: dict[str, list[float]] = {n: [] for n in names}
+    texts: dict[str, list[str]] = {}
+    for rep in range(repeats):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            texts[name] = waves[name](audios)
+            times[name].append(time.perf_counter() - t0)
+    return {n: (statistics.median(times[n]), texts[n]) for n in names}
+
+
+def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[dict[str, Any]]:
+    inputs = [audio for _, audio in _whisper_inputs()]
+    rows: list[dict[str, Any]] = []
+    logs = Path(tempfile.mkdtemp(prefix="voxpool-bench-"))
+    with blas_threads(threads):
+        for c in concurrency:
+            audios = [inputs[k % len(inputs)] for k in range(c)]
+            closers: list[Any] = []
+            close, slots2 = _runtime_wave(2, False)
+            closers.append(close)
+            close, batched = _runtime_wave(max(c, 1), True)
+            closers.append(close)
+            waves: dict[str, Wave] = {"voxpool slots=2": slots2, "voxpool batched": batched}
+            if http:
+                close, w = _http_wave(2, False, threads, logs)
+                closers.append(close)
+                waves["http slots=2"] = w
+                close, w = _http_wave(max(c, 1), True, threads, logs)
+                closers.append(close)
+                waves["http batched"] = w
+            waves["fw fp32 serial"] = _peer_wave("float32", threads, batched=False)
+            waves["fw fp32 batched"] = _peer_wave("float32", threads, batched=True)
+            waves["fw int8 batched"] = _peer_wave("int8", threads, batched=True)
+            try:
+                got = _measure(waves, audios, repeats)
+            finally:
+                for close in closers:
+                    close()
+            seconds = sum(a.size for a in audios) / 16000
+            same = got["voxpool batched"][1] == got["voxpool slots=2"][1]
+            for name, (wall, _texts) in got.items():
+                rows.append(
+                    {
+                        "c": c,
+                        "threads": threads,
+                        "impl": name,
+                        "audio_s": round(seconds, 1),
+                        "wave_s": round(wall, 2),
+                        "vs_fp32_batched": round(wall / got["fw fp32 batched"][0], 2),
+                        "vs_int8_batched": round(wall / got["fw int8 batched"][0], 2),
+                        "same": same if name.startswith(("voxpool", "http")) else "",
+                    }
+                )
+            print(_table(rows[-len(got) :]), flush=True)
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--http", action="store_true", help="also through two voxpool serve processes")
+    args = p.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    for t in (int(x) for x in args.threads.split(",")):
+        rows += run([int(x) for x in args.concurrency.split(",")], t, args.repeats, args.http)
+    print()
+    print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
