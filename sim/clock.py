@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
-import math
 import random
 from collections.abc import Callable
 
@@ -93,9 +92,9 @@ class SimClock:
     def now(self) -> float:
         return self._now
 
-    async def sleep_until(self, deadline: float) -> None:
-        """Block until the driver wakes this sleeper at ``deadline`` (never, if infinite)."""
-        if math.isinf(deadline):
+    async def sleep_until(self, deadline: float | None) -> None:
+        """Block until the driver wakes this sleeper at ``deadline`` (never, if None)."""
+        if deadline is None:
             await trio.sleep_forever()
         sleeper = _Sleeper(max(deadline, self._now), next(self._seq))
         heapq.heappush(self._sleepers, (sleeper.deadline, sleeper.seq, sleeper))
@@ -116,7 +115,7 @@ class SimClock:
 
     async def drive(
         self,
-        limit: float = math.inf,
+        limit: float | None = None,
         *,
         on_step: Callable[[], None] | None = None,
         on_stall: Callable[[], bool] | None = None,
@@ -141,7 +140,7 @@ class SimClock:
                     continue
                 return
             first = heap[0][0]
-            if first > limit:
+            if limit is not None and first > limit:
                 return
             due: list[_Sleeper] = []  # every live sleeper due at ``first``, in seq order
             while heap and heap[0][0] == first:

@@ -79,11 +79,12 @@ class Management:
         self.rt = rt
 
     @asynccontextmanager
-    async def manage(self, model: str, timeout_s: float | None = None) -> AsyncIterator[Lease]:
-        """Hold ``model``'s exclusive management lease for the body (FIFO barrier)."""
+    async def manage(self, model: str) -> AsyncIterator[Lease]:
+        """Hold ``model``'s exclusive management lease for the body (FIFO barrier), waiting at
+        most the model's busy-timeout ceiling (None: unbounded)."""
         self.rt.spec(model)
         self.refuse_if_closing(model)
-        timeout = self.rt.ceiling_seconds(model) if timeout_s is None else timeout_s
+        timeout = self.rt.ceiling_seconds(model)
         now = self.rt.clock.now()
         ticket = self.rt.core.new_ticket(now)
         lease = await self.rt.admit(model, ticket, self.rt.core.manage(model, ticket, now, timeout))

@@ -6,7 +6,6 @@ in worker threads; the simulator passes its virtual clock and fake sessions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,7 +77,9 @@ class Clock(Protocol):
 
     def now(self) -> float: ...
 
-    async def sleep_until(self, deadline: float) -> None: ...
+    async def sleep_until(self, deadline: float | None) -> None:
+        """Sleep until ``deadline`` (monotonic seconds); None: no deadline, until cancelled."""
+        ...
 
 
 class SystemClock:
@@ -87,10 +88,11 @@ class SystemClock:
     def now(self) -> float:
         return anyio.current_time()
 
-    async def sleep_until(self, deadline: float) -> None:
-        if math.isinf(deadline):
+    async def sleep_until(self, deadline: float | None) -> None:
+        if deadline is None:
             await anyio.sleep_forever()
-        await anyio.sleep_until(deadline)
+        else:
+            await anyio.sleep_until(deadline)
 
 
 class ModelProvider(Protocol):

@@ -20,7 +20,6 @@ retirement, shutdown) is in :mod:`server.runtime.management`.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -188,10 +187,8 @@ class Runtime:
             await self._changed.wait()
 
     # ------------------------------------------- management (the component's)
-    def manage(
-        self, model: str, timeout_s: float | None = None
-    ) -> AbstractAsyncContextManager[Lease]:
-        return self.management.manage(model, timeout_s)
+    def manage(self, model: str) -> AbstractAsyncContextManager[Lease]:
+        return self.management.manage(model)
 
     async def load_model(self, model: str) -> None:
         await self.management.load_model(model)
@@ -267,7 +264,7 @@ class Runtime:
         wait = self.waits.park(model, ticket)
         try:
             while wait.lease is None and wait.expired is None:
-                deadline = math.inf if decision.deadline is None else decision.deadline
+                deadline = decision.deadline  # None: no busy timeout, wait until woken
                 with anyio.CancelScope() as scope:
                     wait.scope = scope
                     if wait.lease is None and wait.expired is None:
