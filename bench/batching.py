@@ -44,7 +44,7 @@ import anyio  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.batched_models import _whisper_inputs  # noqa: E402
-from bench.common import blas_threads  # noqa: E402
+from bench.common import blas_threads, markdown_table  # noqa: E402
 
 Wave = Callable[[list[np.ndarray]], list[str]]
 
@@ -213,15 +213,8 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
                         "same": same if name.startswith(("voxpool", "http")) else "",
                     }
                 )
-            print(_table(rows[-len(got) :]), flush=True)
+            print(markdown_table(rows[-len(got) :]), flush=True)
     return rows
-
-
-def _table(rows: list[dict[str, Any]]) -> str:
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in (int(x) for x in args.threads.split(",")):
         rows += run([int(x) for x in args.concurrency.split(",")], t, args.repeats, args.http)
     print()
-    print(_table(rows))
+    print(markdown_table(rows))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 
@@ -24,3 +24,11 @@ def array_backend(name: str) -> object:
     from server.provider import make_backend
 
     return make_backend(name, "0")
+
+
+def markdown_table(rows: Sequence[Mapping[str, object]]) -> str:
+    """``rows`` (dicts with the same keys) as a Markdown table, keys as the header."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
