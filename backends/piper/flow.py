@@ -61,15 +61,21 @@ def prepare_flow(w: Weights, h: Hyper) -> dict[str, host.ConvWeights]:
     return out
 
 
-def flow_reverse_host(prep: Mapping[str, host.ConvWeights], h: Hyper, z: np.ndarray) -> np.ndarray:
-    """:func:`flow_reverse` on host arrays with fused convs: z_p [C, T'] -> z [C, T']."""
+def flow_reverse_host(
+    prep: Mapping[str, host.ConvWeights], h: Hyper, z: np.ndarray, gaps: host.Gaps = ()
+) -> np.ndarray:
+    """:func:`flow_reverse` on host arrays with fused convs: z_p [C, T'] -> z [C, T'].
+
+    ``z`` may be a packed batch (``gaps`` zeroed before every conv, see
+    :func:`backends.piper.host.zero_gaps`); gap columns of the result are garbage.
+    """
     half = h.inter // 2
     for i in reversed(range(0, 2 * h.flow_layers, 2)):
         z = z[::-1]  # Flip (a view; the coupling writes a new array)
         p = f"flow.flows.{i}"
         x0 = z[:half]
-        hh = _conv_host(x0, prep[f"{p}.pre"])
-        m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh), prep[f"{p}.post"])
+        hh = _conv_host(x0, prep[f"{p}.pre"], gaps)
+        m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh, gaps), prep[f"{p}.post"], gaps)
         out = np.empty((h.inter, z.shape[1]), np.float32)
         out[:half] = x0
         np.subtract(z[half:], m, out=out[half:])
@@ -77,21 +83,21 @@ def flow_reverse_host(prep: Mapping[str, host.ConvWeights], h: Hyper, z: np.ndar
     return np.ascontiguousarray(z)
 
 
-def _conv_host(x: np.ndarray, cw: host.ConvWeights) -> np.ndarray:
+def _conv_host(x: np.ndarray, cw: host.ConvWeights, gaps: host.Gaps) -> np.ndarray:
     out = np.empty((cw.matrix.shape[0], x.shape[1]), np.float32)
-    host.conv_same(x, cw, out)
+    host.conv_same(x, cw, out, gaps=gaps)
     return out
 
 
 def _wavenet_host(
-    prep: Mapping[str, host.ConvWeights], h: Hyper, p: str, x: np.ndarray
+    prep: Mapping[str, host.ConvWeights], h: Hyper, p: str, x: np.ndarray, gaps: host.Gaps
 ) -> np.ndarray:
     """:func:`_wavenet` with the gate computed in place: tanh(a) * sigmoid(b)."""
     c = h.hidden
     x = x.copy()
     out: np.ndarray | None = None
     for j in range(h.flow_wn_layers):
-        x_in = _conv_host(x, prep[f"{p}.in_layers.{j}"])
+        x_in = _conv_host(x, prep[f"{p}.in_layers.{j}"], gaps)
         t_act, s_act = x_in[:c], x_in[c:]
         np.tanh(t_act, out=t_act)
         s_act *= np.float32(0.5)  # sigmoid(s) = 0.5 * (1 + tanh(s / 2)), the backend's formula
@@ -99,7 +105,7 @@ def _wavenet_host(
         s_act += np.float32(1.0)
         s_act *= np.float32(0.5)
         t_act *= s_act
-        rs = _conv_host(t_act, prep[f"{p}.res_skip_layers.{j}"])
+        rs = _conv_host(t_act, prep[f"{p}.res_skip_layers.{j}"], gaps)
         if j < h.flow_wn_layers - 1:
             x += rs[:c]
             skip = rs[c:]

@@ -19,6 +19,10 @@ from backends.piper.loader import Hyper
 _SLOPE = 0.1
 _POST_SLOPE = 0.01
 
+PACK_GAP = 8
+"""Frames between the members of a packed batch: the widest conv padding of any stage
+(conv_pre 3 frames; a resblock's 36 samples at 8 samples a frame) fits in it."""
+
 
 def generate(be: ArrayBackend, w: Weights, h: Hyper, z: Array) -> Array:
     """z [1, inter, T'] -> audio [1, 1, T' * hop]."""
@@ -81,15 +85,26 @@ def prepare_generator(
     return out, ups
 
 
-def generate_host(prepared: host.Prepared, h: Hyper, z: np.ndarray) -> np.ndarray:
-    """:func:`generate` on host arrays with the fused paths: z [inter, T'] -> audio [T' * hop]."""
+def generate_host(
+    prepared: host.Prepared, h: Hyper, z: np.ndarray, gaps: host.Gaps = ()
+) -> np.ndarray:
+    """:func:`generate` on host arrays with the fused paths: z [inter, T'] -> audio [T' * hop].
+
+    ``z`` may be a packed batch: ``gaps`` (in frames) between its members, each at
+    least :data:`PACK_GAP` frames wide, are zeroed before every conv (and ``z``'s
+    own gap columns with them); the members' samples are then each exactly their
+    own (frame ``f`` is samples ``f * hop`` to ``(f + 1) * hop``).
+    """
     prep = prepared.convs
     x = np.empty((prep["dec.conv_pre"].matrix.shape[0], z.shape[1]), np.float32)
-    host.conv_same(z, prep["dec.conv_pre"], x, post_slope=_SLOPE)
+    host.conv_same(z, prep["dec.conv_pre"], x, post_slope=_SLOPE, gaps=gaps)
     n_k = len(h.resblock_kernels)
     stages = len(h.upsample_rates)
+    rate = 1
     for i in range(stages):
-        x = host.conv_transpose(x, prepared.ups[f"dec.ups.{i}"])
+        x = host.conv_transpose(x, prepared.ups[f"dec.ups.{i}"], _scaled(gaps, rate))
+        rate *= h.upsample_rates[i]
+        at = _scaled(gaps, rate)
         inner = max(len(dil) for dil in h.resblock_dilations) - 1
         bufs = [np.empty_like(x) for _ in range(min(inner, 2))]  # inner outputs, reused
         acc = np.empty_like(x)  # the resblocks' sum, then the stage's activated output
@@ -99,7 +114,7 @@ def generate_host(prepared: host.Prepared, h: Hyper, z: np.ndarray) -> np.ndarra
             src = x
             for m in range(len(dil) - 1):
                 cw = prep[f"{p}.convs.{m}"]
-                host.conv_same(src, cw, bufs[m % 2], slope=_SLOPE, residual=True)
+                host.conv_same(src, cw, bufs[m % 2], slope=_SLOPE, residual=True, gaps=at)
                 src = bufs[m % 2]
             host.conv_same(
                 src,
@@ -110,9 +125,15 @@ def generate_host(prepared: host.Prepared, h: Hyper, z: np.ndarray) -> np.ndarra
                 add_to=j > 0,
                 scale=1.0 / n_k if last else None,
                 post_slope=(_SLOPE if i < stages - 1 else _POST_SLOPE) if last else None,
+                gaps=at,
             )
         x = acc
     audio = np.empty((1, x.shape[1]), np.float32)
-    host.conv_same(x, prep["dec.conv_post"], audio)
+    host.conv_same(x, prep["dec.conv_post"], audio, gaps=_scaled(gaps, rate))
     np.tanh(audio, out=audio)
     return audio.reshape(-1)
+
+
+def _scaled(gaps: host.Gaps, rate: int) -> list[tuple[int, int]]:
+    """Frame gaps as sample ranges at ``rate`` samples per frame."""
+    return [(a * rate, b * rate) for a, b in gaps]

@@ -21,7 +21,7 @@ backends run the generic code in :mod:`backends.piper.generator`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -32,6 +32,23 @@ from backends.numpy_backend import NumpyBackend
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
+
+
+Gaps = Sequence[tuple[int, int]]
+"""Column ranges ``[start, stop)`` between the members of a packed batch (:func:`zero_gaps`)."""
+
+
+def zero_gaps(x: np.ndarray, gaps: Gaps) -> None:
+    """Zero the columns of ``x`` between the members of a packed batch, in place.
+
+    A packed batch lays its members' time axes end to end with zero columns between
+    them, at least as wide as any conv's padding: a conv whose input has zero gaps
+    computes every member's columns exactly as it would alone (the zeros are the
+    padding it would see). Only the gap columns of a conv's output mix members;
+    zeroing them before the next conv (and transposed conv) keeps them apart.
+    """
+    for start, stop in gaps:
+        x[:, start:stop] = 0
 
 
 def is_host(be: ArrayBackend) -> bool:
@@ -72,6 +89,7 @@ def conv_same(
     add_to: bool = False,
     scale: float | None = None,
     post_slope: float | None = None,
+    gaps: Gaps = (),
 ) -> None:
     """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
 
@@ -83,8 +101,10 @@ def conv_same(
     * ``out *= scale``, then ``out = leaky_relu(out, post_slope)`` (the next
       layer's activation, when nothing else reads ``out``).
 
-    ``out`` must not overlap ``x``.
+    ``out`` must not overlap ``x``. ``gaps`` (a packed batch, :func:`zero_gaps`) are
+    zeroed in ``x`` first.
     """
+    zero_gaps(x, gaps)
     c_in, t = x.shape
     k, d = cw.kernel, cw.dilation
     pad = d * (k - 1) // 2
@@ -155,15 +175,17 @@ def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWei
     return UpWeights(matrix, np.asarray(b, np.float32).reshape(c_out, 1), stride, padding)
 
 
-def conv_transpose(x: np.ndarray, uw: UpWeights) -> np.ndarray:
+def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     """ConvTranspose1d (dilation 1, no output padding) of ``x [C_in, T]``, polyphase, in tiles.
 
     Output frame ``f`` (``stride`` samples) is the sum over taps ``m`` of input frame
     ``f - m``'s product rows for that tap; per tile of frames one GEMM gives every row
     of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
     into frame-major order while the product is in cache, and the cropped samples
-    (``padding`` at both ends) are written with the bias added.
+    (``padding`` at both ends) are written with the bias added. ``gaps`` are zeroed
+    in ``x`` first (:func:`zero_gaps`).
     """
+    zero_gaps(x, gaps)
     c_in, t = x.shape
     u, pad, c_out = uw.stride, uw.padding, uw.c_out
     taps = uw.matrix.shape[0] // (c_out * u)

