@@ -14,7 +14,8 @@ process CPU time, with 1 and 2 BLAS threads (threadpoolctl). ``check`` says
 whether every member's tokens (Whisper) or probabilities within 1e-5 and events
 (VAD) equal the session's. A second table times one Whisper decoder step (one
 token for M members and its vocabulary projection) against M.
-Run: ``.venv/bin/python bench/batched_models.py [repeats]``.
+Run: ``.venv/bin/python bench/batched_models.py [repeats]``; ``--piper`` runs only the Piper
+wave (:func:`piper_bench`).
 """
 
 from __future__ import annotations
@@ -246,6 +247,70 @@ def decoder_steps(repeats: int = 30) -> list[dict[str, object]]:
     return rows
 
 
+PIPER_TEXTS = (
+    "Good morning.",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "Hello there. How are you today?",
+    "Piper is a fast, local neural text to speech system. It sounds great.",
+    "Yes.",
+    "Batching puts the sentences of many requests into one synthesis.",
+    "Voice activity detection finds speech. Whisper transcribes it. Piper speaks.",
+    "The weather is lovely today, let us go for a walk.",
+)
+
+
+def piper_bench(repeats: int = 3) -> list[dict[str, object]]:
+    """Piper (#14): a wave of 8 texts (1 to 3 sentences, seed i) run one after another by one
+    session vs as 8 members of ``factory.engine(8)`` (one sentence of every member per step,
+    synthesized as one packed batch), 1 and 2 BLAS threads. ``check``: durations identical
+    and the largest |batched - serial| sample."""
+    _use_repo_root()
+    from backends import piper
+
+    factory = piper.load_factory()
+    session = factory.create()
+    requests = [piper.PiperRequest(t, seed=i) for i, t in enumerate(PIPER_TEXTS)]
+
+    def check(serial: list[Any], batched: list[list[Any]]) -> str:
+        same = sum(a.audio.shape == b.audio.shape for a, (b,) in zip(serial, batched, strict=True))
+        worst = max(
+            float(np.max(np.abs(a.audio - b.audio), initial=0))
+            for a, (b,) in zip(serial, batched, strict=True)
+            if a.audio.shape == b.audio.shape
+        )
+        return f"{same}/{len(serial)} lengths identical, max |da| {worst:.1e}"
+
+    rows: list[dict[str, object]] = []
+    for threads in (1, 2):
+        with blas_threads(threads):
+            medians = _timed(
+                {
+                    "serial": lambda: [session.run(r) for r in requests],
+                    "batched": lambda: _drive(factory.engine(BATCH), requests, stream=False),
+                },
+                repeats,
+            )
+            s_wall, s_cpu, s_out = medians["serial"]
+            b_wall, b_cpu, b_out = medians["batched"]
+            audio_s = sum(r.duration_s for r in s_out)
+            rows.append(
+                {
+                    "case": f"piper joe-medium, {len(requests)} texts",
+                    "audio_s": round(audio_s, 1),
+                    "threads": threads,
+                    "serial_s": round(s_wall, 2),
+                    f"batch{BATCH}_s": round(b_wall, 2),
+                    "ratio": round(s_wall / b_wall, 2),
+                    "serial_cpu_s": round(s_cpu, 2),
+                    f"batch{BATCH}_cpu_s": round(b_cpu, 2),
+                    "cpu_ratio": round(s_cpu / b_cpu, 2),
+                    "check": check(s_out, b_out),
+                }
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
 def _table(rows: list[dict[str, object]]) -> str:
     head = list(rows[0])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -254,5 +319,10 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 if __name__ == "__main__":
-    print(_table(decoder_steps()), flush=True)
-    print(_table(bench(int(sys.argv[1]) if len(sys.argv) > 1 else 3)))
+    _args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    _repeats = int(_args[0]) if _args else 3
+    if "--piper" in sys.argv:  # only the Piper wave (piper_bench)
+        print(_table(piper_bench(_repeats)))
+    else:
+        print(_table(decoder_steps()), flush=True)
+        print(_table(bench(_repeats)))

@@ -29,6 +29,11 @@ class Synthesis:
     durations: np.ndarray
 
 
+DECODER_PACK_FRAMES = 256
+"""Most frames (about 3 s of audio) the HiFi-GAN takes in one packed batch: its arrays are
+then about as large as one long sentence's (a larger pack spills out of the CPU caches)."""
+
+
 @attrs.frozen(eq=False)
 class SynthesisInput:
     """One sentence to synthesize: :meth:`PiperModel.synthesize_ids`'s arguments."""
@@ -162,21 +167,54 @@ class PiperModel:
         return audio.astype(np.float32, copy=False)
 
     def _decode_packed(self, latents: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Flow and HiFi-GAN of host latents [C, T'_i] as one packed batch -> each one's audio."""
+        """Flow and HiFi-GAN of host latents [C, T'_i] as packed batches -> each one's audio.
+
+        The flow runs once over all of them; the HiFi-GAN over consecutive groups of
+        at most :data:`DECODER_PACK_FRAMES` frames (a longer latent alone), so that
+        its full-rate arrays stay about as large as one long sentence's.
+        """
         assert self.prepared is not None
-        starts, gaps, at = [], [], 0
-        for i, z in enumerate(latents):
-            if i:
-                gaps.append((at, at + PACK_GAP))
-                at += PACK_GAP
-            starts.append(at)
-            at += z.shape[1]
-        packed = np.zeros((self.hyper.inter, at), np.float32)
-        for start, z in zip(starts, latents, strict=True):
-            packed[:, start : start + z.shape[1]] = z
-        audio = generate_host(self.prepared, self.hyper, self._flow_host(packed, gaps), gaps)
-        hop = self.hyper.hop_length
-        return [
-            audio[start * hop : (start + z.shape[1]) * hop].copy()
-            for start, z in zip(starts, latents, strict=True)
+        packed, starts, gaps = _pack(latents)
+        z = self._flow_host(packed, gaps)
+        zs = [
+            z[:, start : start + lat.shape[1]] for start, lat in zip(starts, latents, strict=True)
         ]
+        hop = self.hyper.hop_length
+        audio: list[np.ndarray] = []
+        for group in _groups(zs, DECODER_PACK_FRAMES):
+            packed, starts, gaps = _pack(group)
+            wave = generate_host(self.prepared, self.hyper, packed, gaps)
+            audio += [
+                wave[start * hop : (start + g.shape[1]) * hop].copy()
+                for start, g in zip(starts, group, strict=True)
+            ]
+        return audio
+
+
+def _pack(latents: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:
+    """Latents [C, T'_i] end to end, :data:`PACK_GAP` zero frames apart: (packed, starts, gaps)."""
+    starts, gaps, at = [], [], 0
+    for i, z in enumerate(latents):
+        if i:
+            gaps.append((at, at + PACK_GAP))
+            at += PACK_GAP
+        starts.append(at)
+        at += z.shape[1]
+    packed = np.zeros((latents[0].shape[0], at), np.float32)
+    for start, z in zip(starts, latents, strict=True):
+        packed[:, start : start + z.shape[1]] = z
+    return packed, starts, gaps
+
+
+def _groups(latents: Sequence[np.ndarray], frames: int) -> list[list[np.ndarray]]:
+    """Consecutive groups of latents of at most ``frames`` frames in all (one at least)."""
+    out: list[list[np.ndarray]] = []
+    total = 0
+    for z in latents:
+        if out and total + PACK_GAP + z.shape[1] <= frames:
+            out[-1].append(z)
+            total += PACK_GAP + z.shape[1]
+        else:
+            out.append([z])
+            total = z.shape[1]
+    return out

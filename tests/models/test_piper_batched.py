@@ -25,6 +25,7 @@ from backends.piper import (
     PiperResult,
     load_model,
 )
+from backends.piper import model as piper_model
 from backends.piper.batched import AUDIO_TOLERANCE
 from core.engine import BatchEngine, Emitted, Member
 from tests.models.batching import check_offers_an_engine
@@ -120,11 +121,15 @@ def test_factory_offers_an_engine() -> None:
     check_offers_an_engine(_factory(), 4)
 
 
-def test_a_wave_batched_equals_the_session() -> None:
+@pytest.mark.parametrize("pack_frames", [0, 256, 10**6])  # HiFi-GAN alone, in groups, all at once
+def test_a_wave_batched_equals_the_session(
+    pack_frames: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(piper_model, "DECODER_PACK_FRAMES", pack_frames)
     members = [Member(i, r, False) for i, r in enumerate(REQUESTS)]
     seen = _drive(_factory().engine(8), {0: members})
     errors = [_same_result(_result(seen[i]), e) for i, e in enumerate(_expected())]
-    print(f"piper batched vs session: max abs err per request {errors}")
+    print(f"piper batched ({pack_frames} frames a pack) vs session: max abs err {errors}")
     assert max(errors) <= AUDIO_TOLERANCE
     # one sentence per member per step: the three-sentence request took three steps
     assert len(seen[3]) == 1 + 3 and len(seen[0]) == 1 + 1
@@ -212,3 +217,17 @@ def test_empty_text_is_done_at_join_and_keys_are_reused() -> None:
     engine.close()
     (closed,) = engine.join([Member(0, REQUESTS[2], False)])
     assert isinstance(closed.error, RuntimeError)
+
+
+def test_other_backends_decode_members_one_after_another() -> None:
+    """Without the numpy fast paths (here XpBackend on numpy) a step still batches its
+    members' sentences, decoding them one by one: the session's audio, bit for bit."""
+    from backends.xp_backend import XpBackend
+
+    model = PiperModel(backend=XpBackend(np), weights=_model().weights, config=_model().config)
+    factory = PiperFactory(model)
+    requests = [PiperRequest("Yes.", seed=2), PiperRequest("No.", seed=3)]
+    seen = _drive(factory.engine(2), {0: [Member(i, r, False) for i, r in enumerate(requests)]})
+    session = factory.create()
+    for key, request in enumerate(requests):
+        assert _result(seen[key]).audio.tobytes() == session.run(request).audio.tobytes()
