@@ -9,6 +9,8 @@ over cache-sized tiles) over weights prepared once per model
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from backends.base import Array, ArrayBackend
@@ -105,33 +107,51 @@ def generate_host(
         x = host.conv_transpose(x, prepared.ups[f"dec.ups.{i}"], _scaled(gaps, rate))
         rate *= h.upsample_rates[i]
         at = _scaled(gaps, rate)
-        inner = max(len(dil) for dil in h.resblock_dilations) - 1
-        bufs = [np.empty_like(x) for _ in range(min(inner, 2))]  # inner outputs, reused
-        acc = np.empty_like(x)  # the resblocks' sum, then the stage's activated output
-        for j, dil in enumerate(h.resblock_dilations):
-            p = f"dec.resblocks.{i * n_k + j}"
-            last = j == n_k - 1
-            src = x
-            for m in range(len(dil) - 1):
-                cw = prep[f"{p}.convs.{m}"]
-                host.conv_same(src, cw, bufs[m % 2], slope=_SLOPE, residual=True, gaps=at)
-                src = bufs[m % 2]
-            host.conv_same(
-                src,
-                prep[f"{p}.convs.{len(dil) - 1}"],
-                acc,
-                slope=_SLOPE,
-                residual=True,
-                add_to=j > 0,
-                scale=1.0 / n_k if last else None,
-                post_slope=(_SLOPE if i < stages - 1 else _POST_SLOPE) if last else None,
-                gaps=at,
-            )
+        acc = np.empty_like(x)  # the stage's activated output
+        post = _SLOPE if i < stages - 1 else _POST_SLOPE
+        names = [f"dec.resblocks.{i * n_k + j}" for j in range(n_k)]
+        if all(len(dil) == 2 for dil in h.resblock_dilations):  # Piper's ResBlock2
+            blocks = [(prep[f"{p}.convs.0"], prep[f"{p}.convs.1"]) for p in names]
+            host.resblocks(x, blocks, acc, slope=_SLOPE, post_slope=post, gaps=at)
+        else:
+            _resblocks_by_conv(prep, h, names, x, acc, post, at)
         x = acc
     audio = np.empty((1, x.shape[1]), np.float32)
     host.conv_same(x, prep["dec.conv_post"], audio, gaps=_scaled(gaps, rate))
     np.tanh(audio, out=audio)
     return audio.reshape(-1)
+
+
+def _resblocks_by_conv(
+    prep: Mapping[str, host.ConvWeights],
+    h: Hyper,
+    names: list[str],
+    x: np.ndarray,
+    acc: np.ndarray,
+    post: float,
+    at: host.Gaps,
+) -> None:
+    """A stage's resblocks of any depth, one fused conv over the whole stage at a time."""
+    inner = max(len(dil) for dil in h.resblock_dilations) - 1
+    bufs = [np.empty_like(x) for _ in range(min(inner, 2))]  # inner outputs, reused
+    for j, (p, dil) in enumerate(zip(names, h.resblock_dilations, strict=True)):
+        last = j == len(names) - 1
+        src = x
+        for m in range(len(dil) - 1):
+            cw = prep[f"{p}.convs.{m}"]
+            host.conv_same(src, cw, bufs[m % 2], slope=_SLOPE, residual=True, gaps=at)
+            src = bufs[m % 2]
+        host.conv_same(
+            src,
+            prep[f"{p}.convs.{len(dil) - 1}"],
+            acc,
+            slope=_SLOPE,
+            residual=True,
+            add_to=j > 0,
+            scale=1.0 / len(names) if last else None,
+            post_slope=post if last else None,
+            gaps=at,
+        )
 
 
 def _scaled(gaps: host.Gaps, rate: int) -> list[tuple[int, int]]:

@@ -64,6 +64,11 @@ class ConvWeights:
     kernel: int
     dilation: int
 
+    @property
+    def padding(self) -> int:
+        """The "same" padding at each end."""
+        return self.dilation * (self.kernel - 1) // 2
+
 
 def prepare(w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> ConvWeights:
     """Conv1d weights ``[C_out, C_in, K]`` and bias as one GEMM operand (rows (channel, tap))."""
@@ -106,33 +111,14 @@ def conv_same(
     """
     zero_gaps(x, gaps)
     c_in, t = x.shape
-    k, d = cw.kernel, cw.dilation
-    pad = d * (k - 1) // 2
-    rows = c_in * k
-    tile = max(256, min(t, TILE_BYTES // (4 * (rows + 1))))
-    act = np.empty((c_in, tile + 2 * pad), np.float32)
-    cols = np.empty((rows + 1, tile), np.float32)
-    cols[rows] = 1
-    cols3 = cols[:rows].reshape(c_in, k, tile)
-    tmp = np.empty((cw.matrix.shape[0], tile), np.float32)
+    pad = cw.padding
+    tile = max(256, min(t, TILE_BYTES // (4 * (c_in * cw.kernel + 1))))
+    sc = _Scratch(c_in, c_in * cw.kernel, cw.matrix.shape[0], tile, pad)
     s = None if scale is None else np.float32(scale)
     for t0 in range(0, t, tile):
         n = min(tile, t - t0)
-        lo, hi = t0 - pad, t0 + n + pad
-        a0, a1 = max(0, -lo), n + 2 * pad - max(0, hi - t)
-        src = x[:, max(lo, 0) : min(hi, t)]
-        if slope is None:
-            act[:, a0:a1] = src
-        else:
-            leaky_into(src, slope, act[:, a0:a1])
-        if a0:
-            act[:, :a0] = 0
-        if a1 < n + 2 * pad:
-            act[:, a1 : n + 2 * pad] = 0
-        # every tap's shifted window in one copy: a (channel, tap, time) view of ``act``
-        cols3[:, :, :n] = as_strided(act, (c_in, k, n), (act.strides[0], d * 4, 4))
-        o, r = out[:, t0 : t0 + n], tmp[:, :n]
-        np.matmul(cw.matrix, cols[:, :n], out=r)  # a contiguous product (the GEMM's best case)
+        o = out[:, t0 : t0 + n]
+        r = _tile_conv(x, t0, n, cw, slope, sc)
         if residual:
             if add_to:
                 r += x[:, t0 : t0 + n]
@@ -146,6 +132,94 @@ def conv_same(
             o *= s
         if post_slope is not None:
             np.maximum(o, np.multiply(o, np.float32(post_slope), out=r), out=o)
+
+
+def resblocks(
+    x: np.ndarray,
+    blocks: Sequence[tuple[ConvWeights, ConvWeights]],
+    out: np.ndarray,
+    *,
+    slope: float,
+    post_slope: float,
+    gaps: Gaps = (),
+) -> None:
+    """A HiFi-GAN stage's ResBlock2s, depth first: ``out = leaky(mean_j block_j(x), post_slope)``
+    with ``block(x) = y + conv2(leaky(y))``, ``y = x + conv1(leaky(x))``.
+
+    Per time tile of the output, each block computes its ``y`` over the tile plus
+    ``conv2``'s halo, then ``conv2`` over the tile, and the tile's sum: every
+    intermediate stays in cache and ``x`` is read once per tile (the halo of ``y``,
+    a few columns, is computed twice). ``y`` is zero outside ``[0, T)`` and in
+    ``gaps``, as ``conv2``'s zero padding and a packed batch's masking make it.
+    Values are :func:`conv_same`'s; ``out`` must not overlap ``x``.
+    """
+    zero_gaps(x, gaps)
+    c, t = x.shape
+    halo = max(cw2.padding for _, cw2 in blocks)
+    rows = max(c * cw.kernel for block in blocks for cw in block)
+    tile = max(256, min(t, TILE_BYTES // (4 * (rows + 1))))
+    sc = _Scratch(c, rows, c, tile + 2 * halo, max(cw.padding for b in blocks for cw in b))
+    y = np.empty((c, tile + 2 * halo), np.float32)
+    scale = np.float32(1.0 / len(blocks))
+    for t0 in range(0, t, tile):
+        n = min(tile, t - t0)
+        o = out[:, t0 : t0 + n]
+        for j, (cw1, cw2) in enumerate(blocks):
+            e0, e1 = max(0, t0 - cw2.padding), min(t, t0 + n + cw2.padding)
+            y1 = y[:, : e1 - e0]
+            np.add(_tile_conv(x, e0, e1 - e0, cw1, slope, sc), x[:, e0:e1], out=y1)
+            for g0, g1 in gaps:
+                if g0 < e1 and g1 > e0:
+                    y1[:, max(g0, e0) - e0 : min(g1, e1) - e0] = 0
+            r = _tile_conv(y1, t0 - e0, n, cw2, slope, sc)
+            r += y1[:, t0 - e0 : t0 - e0 + n]
+            if j == 0:
+                o[...] = r
+            else:
+                o += r
+        o *= scale
+        np.maximum(o, np.multiply(o, np.float32(post_slope), out=sc.tmp[:c, :n]), out=o)
+
+
+class _Scratch:
+    """Tile buffers shared by the convs of one call: activation, column matrix, product."""
+
+    def __init__(self, c_in: int, rows: int, c_out: int, n: int, pad: int) -> None:
+        self.act = np.empty((c_in, n + 2 * pad), np.float32)
+        self.cols = np.empty((rows + 1, n), np.float32)
+        self.tmp = np.empty((c_out, n), np.float32)
+
+
+def _tile_conv(
+    src: np.ndarray, start: int, n: int, cw: ConvWeights, slope: float | None, sc: _Scratch
+) -> np.ndarray:
+    """``conv(leaky(src, slope))[:, start : start + n] + bias`` (a view of ``sc.tmp``); the
+    columns of ``src`` outside ``[0, src.shape[1])`` are zeros (the conv's padding)."""
+    c_in, t = src.shape
+    k, d, pad = cw.kernel, cw.dilation, cw.padding
+    rows = c_in * k
+    act = sc.act[:c_in, : n + 2 * pad]
+    lo, hi = start - pad, start + n + pad
+    a0, a1 = max(0, -lo), n + 2 * pad - max(0, hi - t)
+    window = src[:, max(lo, 0) : min(hi, t)]
+    if slope is None:
+        act[:, a0:a1] = window
+    else:
+        leaky_into(window, slope, act[:, a0:a1])
+    if a0:
+        act[:, :a0] = 0
+    if a1 < n + 2 * pad:
+        act[:, a1:] = 0
+    cols = sc.cols[: rows + 1, :n]
+    cols[rows] = 1
+    # every tap's shifted window in one copy: (channel, tap, time) views of ``act`` and ``cols``
+    row = cols.strides[0]
+    as_strided(cols, (c_in, k, n), (k * row, row, 4))[...] = as_strided(
+        act, (c_in, k, n), (act.strides[0], d * 4, 4)
+    )
+    r = sc.tmp[: cw.matrix.shape[0], :n]
+    np.matmul(cw.matrix, cols, out=r)
+    return r
 
 
 FRAMES_BYTES = 1 << 21

@@ -196,3 +196,42 @@ def test_piper_fused_conv_matches_the_backend_ops(
     plain = host.prepare(w, None, d)
     host.conv_same(x, plain, out)
     np.testing.assert_allclose(out, BE.conv1d(x[None], w, None, 1, pad, d)[0], atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("tile_bytes", [2048, 1 << 22])
+def test_piper_depth_first_resblocks_match_conv_by_conv(
+    tile_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """host.resblocks (tiles with halos, gaps masked) = the blocks one fused conv at a time."""
+    from backends.piper import host
+
+    monkeypatch.setattr(host, "TILE_BYTES", tile_bytes)
+    rng = np.random.default_rng(5)
+    c, t = 6, 900
+    gaps = [(300, 340), (700, 760)]
+    blocks = []
+    for k, (d1, d2) in ((3, (1, 2)), (5, (2, 6)), (7, (3, 12))):
+        blocks.append(
+            tuple(
+                host.prepare(
+                    rng.standard_normal((c, c, k), dtype=np.float32) * 0.2,
+                    rng.standard_normal(c, dtype=np.float32),
+                    d,
+                )
+                for d in (d1, d2)
+            )
+        )
+    x = rng.standard_normal((c, t), dtype=np.float32)
+    out = np.empty_like(x)
+    host.resblocks(x.copy(), blocks, out, slope=0.1, post_slope=0.01, gaps=gaps)
+    ref = np.zeros_like(x)
+    for cw1, cw2 in blocks:
+        y, y2 = np.empty_like(x), np.empty_like(x)
+        host.conv_same(x.copy(), cw1, y, slope=0.1, residual=True, gaps=gaps)
+        host.conv_same(y, cw2, y2, slope=0.1, residual=True, gaps=gaps)
+        ref += y2
+    ref = BE.leaky_relu(ref * np.float32(1 / 3), 0.01)
+    keep = np.ones(t, bool)
+    for g0, g1 in gaps:
+        keep[g0:g1] = False  # gap columns are garbage either way
+    np.testing.assert_allclose(out[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
