@@ -8,12 +8,15 @@ client that leaves mid-batch must give its slot back.
 
 from __future__ import annotations
 
+import io
+import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.server.live import DATA, LiveServer, parse_sse
@@ -21,6 +24,15 @@ from tests.server.live import DATA, LiveServer, parse_sse
 WHISPER_DATA = Path(__file__).resolve().parents[1] / "data" / "whisper"
 FILES = ("short", "weather", "meeting", "recipe")
 VAD_TOLERANCE = 1e-5
+PIPER_TOLERANCE_LSB = 4
+"""Batched Piper audio within 1e-4 of the session's (backends/piper: measured 6e-6), in 16-bit
+samples: a few least significant bits."""
+TEXTS = (
+    "Hello there.",
+    "The weather today will be mostly sunny.",
+    "Please turn off the lights in the kitchen before you leave.",
+    "One, two, three.",
+)
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +130,23 @@ def test_batched_vad_equals_unbatched(batched: LiveServer, http: httpx.Client) -
             abs(a - b) for a, b in zip(ours["probabilities"], theirs["probabilities"], strict=True)
         )
         assert worst <= VAD_TOLERANCE, (name, worst)
+
+
+def speak(client: httpx.Client, text: str) -> np.ndarray:
+    r = client.post("/v1/audio/speech", json={"model": "piper", "input": text, "seed": 7})
+    assert r.status_code == 200, r.text
+    with wave.open(io.BytesIO(r.content)) as w:
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.int32)
+
+
+def test_batched_speech_equals_unbatched(batched: LiveServer, http: httpx.Client) -> None:
+    got = together(batched, speak, TEXTS)
+    for text, ours in zip(TEXTS, got, strict=True):
+        theirs = speak(http, text)  # the main server's piper: the same voice, unbatched
+        assert ours.shape == theirs.shape, text
+        assert int(np.abs(ours - theirs).max()) <= PIPER_TOLERANCE_LSB, text
+    steps, members = batch_counters(batched, "piper")
+    assert members > steps > 0
 
 
 def test_batched_streams_equal_unbatched(batched: LiveServer, http: httpx.Client) -> None:
