@@ -105,7 +105,7 @@ def _model(draw: st.DrawFn, mid: str, original: bool) -> ModelDef:
     lazy = draw(st.booleans())
     if fault is not None and lazy:  # an eager load failure aborts the start-up, not a scenario
         script[fault] = 1
-    batching = draw(st.booleans())
+    batching = draw(st.sampled_from((False, False, False, True)))
     return ModelDef(
         id=mid,
         batching=batching,
@@ -137,7 +137,7 @@ def _spec_fields(draw: st.DrawFn, new_id: bool) -> dict[str, Any]:
 
 @st.composite
 def _action(
-    draw: st.DrawFn, n_models: int, kinds: Sequence[str]
+    draw: st.DrawFn, n_models: int, kinds: Sequence[str], batched: frozenset[str] = frozenset()
 ) -> tuple[float, str, str, dict[str, Any], int]:
     at = draw(st.sampled_from(TIMES))
     do = draw(st.sampled_from(kinds))
@@ -153,15 +153,15 @@ def _action(
         if do == "stream":
             params["chunks"] = draw(st.integers(1, 3))
             params["chunk_time"] = draw(st.sampled_from((0.2, 1.0)))
-            read_time = draw(st.sampled_from((0.0, 1.0)))
-            if read_time:
-                params["read_time"] = read_time  # a slow reader
+            if model in batched and draw(st.booleans()):
+                params["read_time"] = 1.0  # a slow reader (what batching must survive)
         else:
             params["duration"] = draw(st.sampled_from(DURATIONS))
         if do == "batch":
             params["count"] = draw(st.integers(1, 3))
         if do == "request" and draw(st.sampled_from((False, False, False, True))):
-            params[draw(st.sampled_from(("fail", "fail_step")))] = True
+            failure = draw(st.sampled_from(("fail", "fail_step"))) if model in batched else "fail"
+            params[failure] = True
     elif do in ("reconfigure", "register"):  # explicit slots are refused on the original runtime
         params.update(draw(_spec_fields(model == NEW_ID)))
     elif do == "fault":
@@ -203,7 +203,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         value = draw(st.sampled_from(values))
         if value:
             config[key] = value
-    drawn = draw(st.lists(_action(n_models, KINDS), min_size=1, max_size=MAX_ACTIONS))
+    batched = frozenset(m.id for m in models if m.batching)
+    drawn = draw(st.lists(_action(n_models, KINDS, batched), min_size=1, max_size=MAX_ACTIONS))
     drawn.sort(key=lambda a: a[0])
     ids = [f"{do}{i}" for i, (_, do, _, _, _) in enumerate(drawn)]
     actions = []
