@@ -1,6 +1,7 @@
 """Cross-request batching (#14): waves of c concurrent requests, batched vs not, vs the peers.
 
-    python bench/batching.py [--concurrency 1,2,4,8,16] [--threads 1,2] [--repeats 2] [--http]
+    python bench/batching.py [--task asr|tts] [--concurrency 1,2,4,8,16] [--threads 1,2]
+                             [--repeats 2] [--http]
 
 ASR: a wave is c transcriptions of the 8 inputs of ``bench/batched_models.py`` (the 5
 Whisper fixtures and 3 made from them), cycled. Side by side in one process, runs
@@ -19,6 +20,11 @@ set to the run's) get the same waves over HTTP (multipart uploads, c connections
 once). BLAS threads: threadpoolctl for ours, ``cpu_threads`` for the peers. The table
 gives median wave seconds and each row's ratio to ``fw fp32 batched`` and ``fw int8
 batched``; ``same`` says whether the batched runtime's texts equal the unbatched one's.
+
+TTS (``--task tts``): a wave is c of ``bench/model_piper.py``'s texts, cycled, on the
+runtime unbatched (2 slots) and batched (c slots), and ``piper-tts serial``
+(onnxruntime, ``intra_op_num_threads`` = threads); ratios to piper-tts; ``same`` compares
+the lengths in samples (the audio itself is within 1e-4).
 """
 
 from __future__ import annotations
@@ -49,46 +55,82 @@ from bench.common import blas_threads, markdown_table  # noqa: E402
 Wave = Callable[[list[np.ndarray]], list[str]]
 
 
-def _runtime_wave(slots: int, batching: bool) -> tuple[Any, Wave]:
-    """A portal-driven runtime serving ``whisper``; its wave submits every request at once."""
+def _runtime_wave(slots: int, batching: bool, task: str = "asr") -> tuple[Any, Wave]:
+    """A portal-driven runtime serving one model of ``task``; its wave submits every request
+    at once."""
     from anyio.from_thread import start_blocking_portal
 
-    from backends.whisper import WhisperRequest
     from server.provider import ThreadedProvider
     from server.runtime import ModelSpec, Runtime, RuntimeConfig
 
+    family = "whisper" if task == "asr" else "piper"
     cm = start_blocking_portal()
     portal = cm.__enter__()
 
     async def build() -> Runtime:  # the runtime reads the loop's clock
         rt = Runtime(ThreadedProvider(), RuntimeConfig(busy_timeout_ms=0))
-        rt.add_model(ModelSpec("whisper", "whisper", task="asr", slots=slots, batching=batching))
+        rt.add_model(ModelSpec("m", family, task=task, slots=slots, batching=batching))
         return rt
 
     rt = portal.call(build)
     held = portal.wrap_async_context_manager(rt)  # entered and left in one task
     held.__enter__()
 
-    async def run_all(audios: list[np.ndarray]) -> list[str]:
-        out = [""] * len(audios)
+    async def run_all(inputs: list[Any]) -> list[str]:
+        out = [""] * len(inputs)
 
         async def one(k: int) -> None:
-            result = await rt.run("whisper", WhisperRequest(audios[k]))
-            out[k] = result.text
+            out[k] = _fingerprint(await rt.run("m", _request(task, inputs[k])))
 
         async with anyio.create_task_group() as tg:
-            for k in range(len(audios)):
+            for k in range(len(inputs)):
                 tg.start_soon(one, k)
         return out
 
-    def wave_fn(audios: list[np.ndarray]) -> list[str]:
-        return portal.call(run_all, audios)
+    def wave_fn(inputs: list[Any]) -> list[str]:
+        return portal.call(run_all, inputs)
 
     def close() -> None:
         held.__exit__(None, None, None)
         cm.__exit__(None, None, None)
 
     return close, wave_fn
+
+
+def _request(task: str, given: Any) -> Any:
+    if task == "asr":
+        from backends.whisper import WhisperRequest
+
+        return WhisperRequest(given)
+    from backends.piper import PiperRequest
+
+    return PiperRequest(given, noise_w=0.0, seed=0)
+
+
+def _fingerprint(result: Any) -> str:
+    """A transcript's text, or a synthesis's length in samples (batched audio is within
+    1e-4 of the unbatched: lengths must match exactly)."""
+    text = getattr(result, "text", None)
+    return str(text) if text is not None else f"{np.asarray(result.audio).size} samples"
+
+
+def _piper_wave(threads: int) -> Wave:
+    """piper-tts on onnxruntime, the texts one after another (noise_w 0, as ours)."""
+    from piper.config import SynthesisConfig
+
+    from bench.model_piper import _piper_voice
+
+    voice = _piper_voice(threads)
+    syn = SynthesisConfig(noise_w_scale=0.0)
+
+    def wave_fn(texts: list[Any]) -> list[str]:
+        out = []
+        for text in texts:
+            samples = sum(int(c.audio_float_array.size) for c in voice.synthesize(text, syn))
+            out.append(f"{samples} samples")
+        return out
+
+    return wave_fn
 
 
 def _peer_wave(compute_type: str, threads: int, batched: bool) -> Wave:
@@ -217,16 +259,59 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
     return rows
 
 
+def run_tts(concurrency: list[int], threads: int, repeats: int) -> list[dict[str, Any]]:
+    """TTS waves: c texts (bench/model_piper.py's, cycled) on the runtime unbatched (2 slots)
+    and batched (c slots), and piper-tts serially; ratios to piper-tts."""
+    from bench.model_piper import TEXTS
+
+    texts = list(TEXTS.values())
+    rows: list[dict[str, Any]] = []
+    with blas_threads(threads):
+        for c in concurrency:
+            wave_texts = [texts[k % len(texts)] for k in range(c)]
+            close_a, slots2 = _runtime_wave(2, False, "tts")
+            close_b, batched = _runtime_wave(max(c, 1), True, "tts")
+            waves = {
+                "voxpool slots=2": slots2,
+                "voxpool batched": batched,
+                "piper-tts serial": _piper_wave(threads),
+            }
+            try:
+                got = _measure(waves, wave_texts, repeats)
+            finally:
+                close_a()
+                close_b()
+            same = got["voxpool batched"][1] == got["voxpool slots=2"][1]
+            for name, (wall, _out) in got.items():
+                rows.append(
+                    {
+                        "c": c,
+                        "threads": threads,
+                        "impl": name,
+                        "wave_s": round(wall, 2),
+                        "vs_piper_tts": round(wall / got["piper-tts serial"][0], 2),
+                        "same": same if name.startswith("voxpool") else "",
+                    }
+                )
+            print(markdown_table(rows[-len(got) :]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--task", choices=("asr", "tts"), default="asr")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--http", action="store_true", help="also through two voxpool serve processes")
+    p.add_argument("--http", action="store_true", help="asr: also through two voxpool serve")
     args = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    concurrency = [int(x) for x in args.concurrency.split(",")]
     for t in (int(x) for x in args.threads.split(",")):
-        rows += run([int(x) for x in args.concurrency.split(",")], t, args.repeats, args.http)
+        if args.task == "tts":
+            rows += run_tts(concurrency, t, args.repeats)
+        else:
+            rows += run(concurrency, t, args.repeats, args.http)
     print()
     print(markdown_table(rows))
     return 0
