@@ -195,10 +195,29 @@ def _tile_conv(
 ) -> np.ndarray:
     """``conv(leaky(src, slope))[:, start : start + n] + bias`` (a view of ``sc.tmp``); the
     columns of ``src`` outside ``[0, src.shape[1])`` are zeros (the conv's padding)."""
+    rows = src.shape[0] * cw.kernel
+    cols = sc.cols[: rows + 1, :n]
+    cols[rows] = 1
+    _im2col(src, start, n, cw, slope, sc.act, cols[:rows])
+    r = sc.tmp[: cw.matrix.shape[0], :n]
+    np.matmul(cw.matrix, cols, out=r)
+    return r
+
+
+def _im2col(
+    src: np.ndarray,
+    start: int,
+    n: int,
+    cw: ConvWeights,
+    slope: float | None,
+    act_buffer: np.ndarray,
+    cols: np.ndarray,
+) -> None:
+    """``cols [C_in * K, n]`` (rows (channel, tap)) = the conv's input windows for output
+    columns ``start`` to ``start + n`` of ``leaky(src, slope)``, zero outside ``src``."""
     c_in, t = src.shape
     k, d, pad = cw.kernel, cw.dilation, cw.padding
-    rows = c_in * k
-    act = sc.act[:c_in, : n + 2 * pad]
+    act = act_buffer[:c_in, : n + 2 * pad]
     lo, hi = start - pad, start + n + pad
     a0, a1 = max(0, -lo), n + 2 * pad - max(0, hi - t)
     window = src[:, max(lo, 0) : min(hi, t)]
@@ -210,16 +229,11 @@ def _tile_conv(
         act[:, :a0] = 0
     if a1 < n + 2 * pad:
         act[:, a1:] = 0
-    cols = sc.cols[: rows + 1, :n]
-    cols[rows] = 1
     # every tap's shifted window in one copy: (channel, tap, time) views of ``act`` and ``cols``
     row = cols.strides[0]
     as_strided(cols, (c_in, k, n), (k * row, row, 4))[...] = as_strided(
         act, (c_in, k, n), (act.strides[0], d * 4, 4)
     )
-    r = sc.tmp[: cw.matrix.shape[0], :n]
-    np.matmul(cw.matrix, cols, out=r)
-    return r
 
 
 FRAMES_BYTES = 1 << 21
