@@ -15,11 +15,14 @@ alternating so load drift hits all alike:
 * ``fw fp32 batched`` / ``fw int8 batched``: faster-whisper's ``BatchedInferencePipeline``
   (batch_size 8), the c files one after another.
 
-With ``--http`` two ``voxpool serve`` processes (the same two configurations, ``threads``
-set to the run's) get the same waves over HTTP (multipart uploads, c connections at
-once). BLAS threads: threadpoolctl for ours, ``cpu_threads`` for the peers. The table
-gives median wave seconds and each row's ratio to ``fw fp32 batched`` and ``fw int8
-batched``; ``same`` says whether the batched runtime's texts equal the unbatched one's.
+Our runtimes use the server's default BLAS thread policy (``threads: "auto"``,
+server/blas.py) as on a machine of ``threads`` cores: a session call alone gets them all,
+concurrent calls share them. With ``--http`` two ``voxpool serve`` processes (the same
+two configurations; ``threads: "auto"`` under a ``threads``-CPU affinity mask) get the
+same waves over HTTP (multipart uploads, c connections at once). BLAS threads for the
+peers: ``cpu_threads``. The table gives median wave seconds and each row's ratio to
+``fw fp32 batched`` and ``fw int8 batched``; ``same`` says whether the batched
+runtime's texts equal the unbatched one's.
 
 TTS (``--task tts``): a wave is c of ``bench/model_piper.py``'s texts, cycled, on the
 runtime unbatched (2 slots) and batched (c slots), and ``piper-tts serial``
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -55,11 +59,14 @@ from bench.common import blas_threads, markdown_table  # noqa: E402
 Wave = Callable[[list[np.ndarray]], list[str]]
 
 
-def _runtime_wave(slots: int, batching: bool, task: str = "asr") -> tuple[Any, Wave]:
+def _runtime_wave(
+    slots: int, batching: bool, task: str = "asr", threads: int = 1
+) -> tuple[Any, Wave]:
     """A portal-driven runtime serving one model of ``task``; its wave submits every request
     at once."""
     from anyio.from_thread import start_blocking_portal
 
+    from server.blas import AdaptiveThreads
     from server.provider import ThreadedProvider
     from server.runtime import ModelSpec, Runtime, RuntimeConfig
 
@@ -68,7 +75,10 @@ def _runtime_wave(slots: int, batching: bool, task: str = "asr") -> tuple[Any, W
     portal = cm.__enter__()
 
     async def build() -> Runtime:  # the runtime reads the loop's clock
-        rt = Runtime(ThreadedProvider(), RuntimeConfig(busy_timeout_ms=0))
+        # the server's threads "auto" on a machine of `threads` cores: a call alone gets
+        # them all, concurrent calls share them
+        provider = ThreadedProvider(threads=AdaptiveThreads(threads))
+        rt = Runtime(provider, RuntimeConfig(busy_timeout_ms=0))
         rt.add_model(ModelSpec("m", family, task=task, slots=slots, batching=batching))
         return rt
 
@@ -175,10 +185,19 @@ def _http_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[An
     from tests.server.live import LiveServer
 
     model = {"id": "whisper", "family": "whisper", "slots": slots, "batching": batching}
-    config = {"busy_timeout_ms": 0, "threads": threads, "models": [model]}
+    config = {"busy_timeout_ms": 0, "threads": "auto", "models": [model]}
     path = logs / f"bench-{'batched' if batching else 'slots'}-{threads}.json"
     path.write_text(json.dumps(config))
-    server = LiveServer(path, logs).start()
+    # LiveServer (the tests' launcher) pins BLAS to 1 thread unless the environment names a
+    # value: an empty one leaves the server's own "auto" policy in charge
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = ""
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(mine)[:threads])  # the server inherits it: its "auto"
+    try:
+        server = LiveServer(path, logs).start()
+    finally:
+        os.sched_setaffinity(0, mine)
 
     def one(data: bytes) -> str:
         r = httpx.post(
@@ -220,9 +239,9 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
         for c in concurrency:
             audios = [inputs[k % len(inputs)] for k in range(c)]
             closers: list[Any] = []
-            close, slots2 = _runtime_wave(2, False)
+            close, slots2 = _runtime_wave(2, False, threads=threads)
             closers.append(close)
-            close, batched = _runtime_wave(max(c, 1), True)
+            close, batched = _runtime_wave(max(c, 1), True, threads=threads)
             closers.append(close)
             waves: dict[str, Wave] = {"voxpool slots=2": slots2, "voxpool batched": batched}
             if http:
@@ -269,8 +288,8 @@ def run_tts(concurrency: list[int], threads: int, repeats: int) -> list[dict[str
     with blas_threads(threads):
         for c in concurrency:
             wave_texts = [texts[k % len(texts)] for k in range(c)]
-            close_a, slots2 = _runtime_wave(2, False, "tts")
-            close_b, batched = _runtime_wave(max(c, 1), True, "tts")
+            close_a, slots2 = _runtime_wave(2, False, "tts", threads)
+            close_b, batched = _runtime_wave(max(c, 1), True, "tts", threads)
             waves = {
                 "voxpool slots=2": slots2,
                 "voxpool batched": batched,

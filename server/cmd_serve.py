@@ -102,7 +102,8 @@ def limit_blas_threads(threads: int | None) -> int | None:
         threads = int(explicit)
     pool = threads if threads is not None else cores()
     for var in BLAS_VARIABLES:
-        os.environ.setdefault(var, str(pool))
+        if not os.environ.get(var):  # unset or empty: ours to set
+            os.environ[var] = str(pool)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
