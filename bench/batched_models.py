@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import blas_threads  # noqa: E402
+from bench.common import blas_threads, markdown_table  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "whisper"
 RATE = 16000
@@ -311,18 +311,11 @@ def piper_bench(repeats: int = 3) -> list[dict[str, object]]:
     return rows
 
 
-def _table(rows: list[dict[str, object]]) -> str:
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":
     _args = [a for a in sys.argv[1:] if not a.startswith("--")]
     _repeats = int(_args[0]) if _args else 3
     if "--piper" in sys.argv:  # only the Piper wave (piper_bench)
-        print(_table(piper_bench(_repeats)))
+        print(markdown_table(piper_bench(_repeats)))
     else:
-        print(_table(decoder_steps()), flush=True)
-        print(_table(bench(_repeats)))
+        print(markdown_table(decoder_steps()), flush=True)
+        print(markdown_table(bench(_repeats)))
