@@ -57,6 +57,10 @@ from bench.batched_models import _whisper_inputs  # noqa: E402
 from bench.common import blas_threads, markdown_table  # noqa: E402
 
 Wave = Callable[[list[np.ndarray]], list[str]]
+SETTLE_S = 1.0
+"""Pause before each timed wave: the previous one's spinning worker threads (OpenMP in
+CTranslate2 and onnxruntime, OpenBLAS's pool) go idle instead of stealing the next one's
+cores."""
 
 
 def _runtime_wave(
@@ -225,6 +229,7 @@ def _measure(waves: dict[str, Wave], audios: list[np.ndarray], repeats: int) -> 
     texts: dict[str, list[str]] = {}
     for rep in range(repeats):
         for name in names if rep % 2 == 0 else names[::-1]:
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             texts[name] = waves[name](audios)
             times[name].append(time.perf_counter() - t0)
