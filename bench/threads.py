@@ -2,7 +2,7 @@
 
     python bench/threads.py [--repeats 2] [--slots 2]
 
-Two real servers (Whisper tiny.en, ``--slots`` slots, no batching) on this machine's
+Two real servers (the ASR family, Whisper tiny.en, ``--slots`` slots, no batching) on this machine's
 cores, one with the default ``"auto"`` policy (server/blas.py: a call alone gets every
 core, concurrent calls share them) and one pinned to one BLAS thread per call (the old
 default). Waves of 1, 2 and 8 concurrent transcriptions (the inputs of
@@ -31,6 +31,7 @@ import httpx  # noqa: E402
 from bench.batched_models import _whisper_inputs  # noqa: E402
 from bench.batching import _wav  # noqa: E402
 from bench.common import markdown_table  # noqa: E402
+from server.families import registry  # noqa: E402
 from tests.server.live import LiveServer  # noqa: E402
 
 WAVES = (1, 2, 8)
@@ -45,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[var] = ""  # LiveServer pins 1 thread unless a value is named
     logs = Path(tempfile.mkdtemp(prefix="voxpool-threads-"))
     files = [_wav(audio) for _, audio in _whisper_inputs()]
+    asr = registry.for_task("asr").name
     servers: dict[str, LiveServer] = {}
     for name, threads in (("auto", "auto"), ("fixed 1", 1)):
-        model = {"id": "whisper", "family": "whisper", "slots": args.slots}
+        model = {"id": asr, "family": asr, "slots": args.slots}
         path = logs / f"{name.replace(' ', '')}.json"
         path.write_text(json.dumps({"busy_timeout_ms": 0, "threads": threads, "models": [model]}))
         servers[name] = LiveServer(path, logs).start()
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         r = httpx.post(
             url + "/v1/audio/transcriptions",
             files={"file": ("a.wav", data, "audio/wav")},
-            data={"model": "whisper"},
+            data={"model": asr},
             timeout=600.0,
         )
         r.raise_for_status()

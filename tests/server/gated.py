@@ -206,12 +206,13 @@ class GatedProvider:
 def main(argv: Sequence[str]) -> int:
     """``GATE_DIR`` then ``voxpool``'s own arguments: the CLI, with the provider gated."""
     from server import cli, serving
+    from server.blas import AdaptiveThreads
     from server.provider import ThreadedProvider
 
     gate_dir = Path(argv[0])
 
-    def gated_provider() -> GatedProvider:
-        return GatedProvider(ThreadedProvider(), gate_dir)
+    def gated_provider(threads: AdaptiveThreads | None = None) -> GatedProvider:
+        return GatedProvider(ThreadedProvider(threads=threads), gate_dir)
 
     # the server's state is built by serving.make_state, whose default provider is this name
     vars(serving)["ThreadedProvider"] = gated_provider
