@@ -193,15 +193,22 @@ def _http_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[An
     path = logs / f"bench-{'batched' if batching else 'slots'}-{threads}.json"
     path.write_text(json.dumps(config))
     # LiveServer (the tests' launcher) pins BLAS to 1 thread unless the environment names a
-    # value: an empty one leaves the server's own "auto" policy in charge
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = ""
+    # value: an empty one leaves the server's own "auto" policy in charge. Only the server
+    # sees it (the peers' OpenMP here would warn about an empty value).
+    variables = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {var: os.environ.get(var) for var in variables}
+    os.environ.update({var: "" for var in variables})
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, sorted(mine)[:threads])  # the server inherits it: its "auto"
     try:
         server = LiveServer(path, logs).start()
     finally:
         os.sched_setaffinity(0, mine)
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
     def one(data: bytes) -> str:
         r = httpx.post(

@@ -67,15 +67,12 @@ class AdaptiveThreads:
     first call (the BLAS is loaded with the first model).
     """
 
-    def __init__(
-        self, cores: int, set_threads: Callable[[int], None] | None = None, *, lookup: bool = True
-    ) -> None:
+    def __init__(self, cores: int, set_threads: Callable[[int], None] | None = None) -> None:
         self.cores = cores
         self.calls = 0
         self.current: int | None = None
         self._set = set_threads
-        self._lookup = lookup and set_threads is None
-        self.changes = 0
+        self._looked_up = set_threads is not None
 
     def enter(self) -> None:
         """A session call is about to start."""
@@ -88,8 +85,8 @@ class AdaptiveThreads:
         self._apply()
 
     def _apply(self) -> None:
-        if self._set is None and self._lookup:
-            self._lookup = False
+        if not self._looked_up:
+            self._looked_up = True
             self._set = blas_setter()
             if self._set is None:
                 log.warning("no BLAS thread control found: BLAS keeps its own thread count")
@@ -99,4 +96,3 @@ class AdaptiveThreads:
         if want != self.current:
             self._set(want)
             self.current = want
-            self.changes += 1

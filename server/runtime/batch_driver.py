@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -50,24 +50,12 @@ from core.batching import (
 )
 from core.engine import BatchEngine, Emitted, Member
 from core.events import TraceRecord
-from server.runtime.ports import Clock
+from server.runtime.ports import BatchingProvider, Clock
 
 log = logging.getLogger("voxpool.runtime")
 
 COLLECTION_WINDOW_S = 0.002
 """How long a batch waits, when nothing runs, for simultaneous arrivals to start together."""
-
-
-class EngineCalls(Protocol):
-    """How the driver reaches its engine (worker threads, or virtual time in the simulator)."""
-
-    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]: ...
-
-    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]: ...
-
-    async def leave(self, engine: BatchEngine, key: int) -> None: ...
-
-    async def close_engine(self, engine: BatchEngine) -> None: ...
 
 
 class BatchMemberFailed(RuntimeError):
@@ -81,7 +69,7 @@ class BatchDriver:
         self,
         model: str,
         engine: BatchEngine,
-        calls: EngineCalls,
+        calls: BatchingProvider,
         clock: Clock,
         *,
         violation: Callable[[str], None],

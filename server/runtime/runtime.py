@@ -107,7 +107,6 @@ class Runtime:
         )
         self.specs: dict[str, ModelSpec] = {}
         self.pools: dict[str, LivePool] = {}
-        self.drivers: dict[str, BatchDriver] = {}  # batching models' decode tasks, by model
         self.waits = WaitTable()
         self.in_use: dict[tuple[str, int], int] = {}
         self.violations: list[str] = []
@@ -440,6 +439,11 @@ class Runtime:
             await self.provider.release(spec, factory)
             raise
 
+    @property
+    def drivers(self) -> dict[str, BatchDriver]:
+        """The decode tasks of the published batching models, by model (read from the pools)."""
+        return {m: live.driver for m, live in self.pools.items() if live.driver is not None}
+
     async def start_batching(self, live: LivePool) -> None:
         """Give a ``batching`` model its engine and start its decode task (one per pool).
 
@@ -465,7 +469,7 @@ class Runtime:
         )
         assert self._tg is not None
         await self._tg.start(driver.serve)
-        self.drivers[spec.id] = driver
+        live.driver = driver
 
     def check_batches(self) -> list[str]:
         """Every batched model's ownership check (the simulator runs it at every quiescent
@@ -482,7 +486,7 @@ class Runtime:
         if busy:
             self.violations.append(f"'{model}' torn down while slots {busy} are in use")
         with anyio.CancelScope(shield=True):
-            driver = self.drivers.pop(model, None)
+            driver = live.driver
             if driver is not None:
                 await driver.stop()
                 try:
@@ -511,7 +515,7 @@ class Runtime:
         """Run one request on a held session (shielded: it finishes before the lease ends), or,
         for a ``batching`` model, as one member of its batch (it has left the batch before
         the lease ends)."""
-        driver = self.drivers.get(held.model)
+        driver = self.pools[held.model].driver
         if driver is not None:
             return await driver.run(request)
         with anyio.CancelScope(shield=True):
@@ -547,7 +551,7 @@ class Runtime:
         without consuming every chunk, resets the session and releases the lease.
         """
         async with self.acquire(model, timeout_ms) as held:
-            driver = self.drivers.get(model)
+            driver = self.pools[model].driver
             if driver is not None:
                 async with driver.member(request, stream=True) as members_chunks:
                     yield members_chunks

@@ -7,6 +7,7 @@ import attrs
 from core.policy import RuntimeKind, ms_to_seconds
 from core.pool import SessionFactory, SessionPool
 from core.residency import ResidencyLimits
+from server.runtime.batch_driver import BatchDriver
 from server.runtime.ports import ModelSpec
 
 
@@ -37,9 +38,11 @@ class RuntimeConfig:
 
 @attrs.define
 class LivePool:
-    """A published pool with the weights it was built on and its generation."""
+    """A published pool with the weights it was built on, its generation and, for a
+    ``batching`` model, the decode task that runs its batch."""
 
     pool: SessionPool
     factory: SessionFactory
     spec: ModelSpec
     generation: int
+    driver: BatchDriver | None = None
