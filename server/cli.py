@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument(
         "--waves", type=int, default=10, help="mixed warm waves per start (seed minimum 10)"
     )
+    val.add_argument(
+        "--batching",
+        action="store_true",
+        help='register the model with "batching": true (its batched engine, slots = batch size)',
+    )
     val.add_argument("--framework", action="store_true", help="also run the F1-F6 test subsets")
     val.add_argument("--out", help="write the JSON record here")
 

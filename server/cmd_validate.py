@@ -194,9 +194,10 @@ def framework_checks(run: bool) -> list[dict[str, Any]]:
 
 
 def summary(record: dict[str, Any]) -> str:
+    batched = " batched" if record["manifest"]["options"].get("batching") else ""
     lines = [
         f"voxpool validate: {record['manifest']['family']} "
-        f"at {record['manifest']['options']['slots']} slots "
+        f"at {record['manifest']['options']['slots']} slots{batched} "
         f"({record['procedure']}; {record['elapsed_s']} s)"
     ]
     for row in record["model_checks"] + record["framework_checks"]:
@@ -255,13 +256,21 @@ def main(args: argparse.Namespace) -> int:
         return 2
     repro = (
         f"voxpool validate --model {args.model} --slots {args.slots} --starts {args.starts} "
-        f"--waves {args.waves}" + (" --framework" if args.framework else "")
+        f"--waves {args.waves}"
+        + (" --batching" if args.batching else "")
+        + (" --framework" if args.framework else "")
     )
     try:
         record = build_record(
-            args.model, args.slots, args.starts, args.waves, args.framework, repro
+            args.model,
+            args.slots,
+            args.starts,
+            args.waves,
+            args.framework,
+            repro,
+            batching=args.batching,
         )
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         print(f"voxpool validate: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(record, indent=2)

@@ -1,9 +1,11 @@
-"""``voxpool validate``: the validation procedure's gate on the real silero_vad runtime, and
-that it catches a bad slot."""
+"""``voxpool validate``: the validation procedure's gate on the real silero_vad runtime, with
+and without batching (``--batching``), and that it catches a bad slot, a bad batch member, a
+leaking engine and an engine that serializes."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +13,11 @@ import attrs
 import numpy as np
 import pytest
 
+from backends.silero_vad import VadResult
+from core.engine import BatchEngine, Emitted
 from server import cli
 from server.cmd_validate import GROUPS, build_record, run_pytest
+from server.families import registry
 from server.provider import ThreadedProvider
 from server.validation import MIN_STARTS, MIN_WAVES, GateProvider
 
@@ -141,3 +146,123 @@ def test_framework_groups_map_to_existing_tests_and_run_them() -> None:
             assert (root / node.split("::")[0]).exists(), node
     result = run_pytest(["tests/core/test_policy.py"])
     assert result["returncode"] == 0 and result["counts"]["passed"] > 0
+
+
+# ------------------------------------------------------------ batching on (#14)
+BATCH_SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def batched_record() -> dict[str, Any]:
+    """The seed's minimum with the model registered ``batching: true`` at 4 batch slots."""
+    return build_record(
+        "silero_vad",
+        BATCH_SLOTS,
+        MIN_STARTS,
+        MIN_WAVES,
+        framework=False,
+        reproduction="test",
+        batching=True,
+    )
+
+
+def test_silero_vad_batched_passes_every_model_check(batched_record: dict[str, Any]) -> None:
+    record = batched_record
+    assert statuses(record) == dict.fromkeys(["M1", "M2", "M3", "M4", "M5", "M6"], "PASS"), (
+        json.dumps(record["model_checks"], indent=1)[:4000]
+    )
+    assert record["manifest"]["options"]["batching"] is True
+    rows = {row["id"]: row for row in record["model_checks"]}
+    assert all("batched" in row["tested"]["runtime"] for row in rows.values())
+    for start in rows["M2"]["evidence"]["starts"].values():
+        # every member of a wave held its lease at once, and the batch carried them together
+        assert start["cold_wave_active_leases"] == BATCH_SLOTS
+        assert start["warm_active_loaded_leases"] == BATCH_SLOTS
+        assert start["widest_batch_step"] == BATCH_SLOTS and start["batch_steps"] > 0
+    # silero_vad declares no batched tolerance: every output was bit-identical
+    for cid in ("M2", "M3", "M4", "M6"):
+        batched = rows[cid]["evidence"]["batched"]
+        assert batched["declared_tolerance"].startswith("exact")
+        assert batched["outputs_within_tolerance_not_exact"] == 0
+    assert any("engine" in step for step in rows["M4"]["evidence"]["steps"])
+    assert rows["M6"]["evidence"]["streaming"]["cancelled_after_chunks"] == 1
+
+
+def _batched(provider: Callable[[], GateProvider]) -> dict[str, Any]:
+    return build_record(
+        "silero_vad",
+        2,
+        1,
+        2,
+        framework=False,
+        reproduction="test",
+        make_provider=provider,
+        batching=True,
+    )
+
+
+class BatchCorruptingProvider(GateProvider):
+    """A broken batch: a member at any key but 0 gets one probability nudged by one ulp."""
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
+        out = []
+        for emitted in await super().step(engine, keys):
+            if emitted.key > 0 and emitted.done and emitted.chunks:
+                (result,) = emitted.chunks
+                if isinstance(result, VadResult):
+                    probs = np.array(result.probabilities, np.float32)
+                    probs[0] = np.nextafter(probs[0], np.float32(2))
+                    emitted = Emitted(
+                        emitted.key, (attrs.evolve(result, probabilities=probs),), True
+                    )
+            out.append(emitted)
+        return out
+
+
+class LeakingProvider(GateProvider):
+    """A leak: the engine never forgets a member at any key but 0 (its row is kept)."""
+
+    async def leave(self, engine: BatchEngine, key: int) -> None:
+        if key == 0:
+            await super().leave(engine, key)
+
+
+class SerializingProvider(GateProvider):
+    """Serialization: the batched engine is built for one member whatever the slot count."""
+
+    async def engine(self, factory: Any, max_batch: int) -> BatchEngine:
+        return await super().engine(factory, 1)
+
+
+def test_a_batch_member_that_differs_by_one_ulp_fails_m2() -> None:
+    record = _batched(lambda: BatchCorruptingProvider(ThreadedProvider()))
+    got = statuses(record)
+    assert got["M1"] == "PASS"  # one slot: only key 0 ever runs
+    assert got["M2"] == "FAIL" and got["M3"] == "FAIL"
+    failures = record["model_checks"][1]["evidence"]["failures"]
+    assert any("differs from its single-slot reference" in f for f in failures)
+
+
+def test_an_engine_that_leaks_members_fails_m2() -> None:
+    record = _batched(lambda: LeakingProvider(ThreadedProvider()))
+    got = statuses(record)
+    assert got["M2"] == "FAIL"
+    failures = " ".join(record["model_checks"][1]["evidence"]["failures"])
+    assert "out of range or in use" in failures  # key 1 reused while its row leaked
+
+
+def test_an_engine_that_serializes_fails_m2() -> None:
+    record = _batched(lambda: SerializingProvider(ThreadedProvider()))
+    got = statuses(record)
+    assert got["M2"] == "FAIL"
+    failures = " ".join(record["model_checks"][1]["evidence"]["failures"])
+    assert "batch launch refused with a slot leased" in failures
+
+
+def test_validate_batching_refuses_a_family_without_an_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entry = registry.family("silero_vad")
+    monkeypatch.setattr(registry, "family", lambda name: attrs.evolve(entry, batching=False))
+    with pytest.raises(ValueError, match="cannot batch across requests"):
+        build_record("silero_vad", 2, 1, 1, framework=False, reproduction="t", batching=True)

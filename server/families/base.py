@@ -145,6 +145,21 @@ class ValidationPlan(Protocol):
 
     def chunks_fingerprint(self, chunks: Sequence[Any]) -> str: ...
 
+    @property
+    def batched_tolerance(self) -> str:
+        """What a batched result may differ by from its unbatched reference, declared before any
+        run ("exact" for families whose batched engine is bit-identical at one BLAS thread)."""
+        ...
+
+    def batched_equal(self, got: Any, reference: Any) -> bool:
+        """Whether a batched result equals its unbatched ``reference`` within
+        :attr:`batched_tolerance` (the gate asks only when the fingerprints differ)."""
+        ...
+
+    def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
+        """:meth:`batched_equal` for the chunks of one stream."""
+        ...
+
 
 # --------------------------------------------------------------- CLI and benches
 @attrs.frozen

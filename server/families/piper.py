@@ -109,6 +109,32 @@ class PiperPlan:
             h.update(np.asarray(c.audio, np.float32).tobytes())
         return h.hexdigest()
 
+    batched_tolerance = (
+        "audio within 1e-4 per sample (backends.piper.batched.AUDIO_TOLERANCE: packed GEMMs sum "
+        "in another order), same length, sample rate, chunk indexes and phonemes"
+    )
+
+    def batched_equal(self, got: Any, reference: Any) -> bool:
+        """Same sample rate and length, every sample within the engine's declared tolerance."""
+        return got.sample_rate == reference.sample_rate and _audio_close(got.audio, reference.audio)
+
+    def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
+        """Same chunks (index, phonemes), each chunk's audio within the declared tolerance."""
+        return len(got) == len(reference) and all(
+            g.index == r.index
+            and list(g.phoneme_ids) == list(r.phoneme_ids)
+            and _audio_close(g.audio, r.audio)
+            for g, r in zip(got, reference, strict=True)
+        )
+
+
+def _audio_close(got: Any, reference: Any) -> bool:
+    """Equal shapes and every sample within the batched engine's declared tolerance."""
+    from backends.piper.batched import AUDIO_TOLERANCE
+
+    a, b = np.asarray(got, np.float32), np.asarray(reference, np.float32)
+    return a.shape == b.shape and bool(np.abs(a - b).max(initial=0.0) <= AUDIO_TOLERANCE)
+
 
 ENTRY = Family(
     name=NAME,

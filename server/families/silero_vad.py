@@ -104,6 +104,16 @@ class VadPlan:
         ]
         return sha256(json.dumps(parts).encode())
 
+    batched_tolerance = "exact (the batched engine is bit-identical at one BLAS thread)"
+
+    def batched_equal(self, got: Any, reference: Any) -> bool:
+        """No tolerance: equal fingerprints only."""
+        return self.fingerprint(got) == self.fingerprint(reference)
+
+    def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
+        """No tolerance: equal fingerprints only."""
+        return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)
+
 
 ENTRY = Family(
     name=NAME,

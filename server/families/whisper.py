@@ -98,6 +98,16 @@ class WhisperPlan:
     def chunks_fingerprint(self, chunks: Sequence[Any]) -> str:
         return sha256(json.dumps(self._segments(chunks)).encode())
 
+    batched_tolerance = "exact (token ids and text identical, as issue #14 requires)"
+
+    def batched_equal(self, got: Any, reference: Any) -> bool:
+        """No tolerance: equal fingerprints only."""
+        return self.fingerprint(got) == self.fingerprint(reference)
+
+    def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
+        """No tolerance: equal fingerprints only."""
+        return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)
+
 
 ENTRY = Family(
     name=NAME,

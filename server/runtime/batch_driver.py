@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from core.batching import (
     BatchScheduler,
@@ -92,6 +93,11 @@ class BatchDriver:
         self._scope: anyio.CancelScope | None = None
         self.steps = 0
 
+    @property
+    def members(self) -> int:
+        """Launched members whose owners have not released their batch slot yet."""
+        return len(self._requests)
+
     # ------------------------------------------------------------ owner side
     async def run(self, request: Any) -> Any:
         """One run member: launch, wait for its one result, release (however it ends)."""
@@ -123,9 +129,12 @@ class BatchDriver:
                 await self._finish(handle)
 
     async def _chunks(self, handle: SlotHandle) -> AsyncIterator[Any]:
+        """The member's chunks as the owner reads them; cancellation (a client gone, a stream
+        cancelled) lands between chunks, even among chunks one step queued at once."""
         while True:
             got = self.scheduler.read(handle)
             if isinstance(got, Chunk):
+                await anyio.lowlevel.checkpoint_if_cancelled()
                 yield got.data
             elif isinstance(got, NotReady):
                 await self._progress.wait()

@@ -16,18 +16,26 @@ from typing import Any
 import anyio
 import attrs
 
+from core.engine import BatchEngine, Emitted, Member
 from server.runtime import ModelProvider, ModelSpec, Runtime
+from server.runtime.ports import BatchingProvider
 from server.validation.plans import FAIL, NOT_APPLICABLE, PASS, PENDING
 
 
 # --------------------------------------------------------------- provider
 class GateProvider:
-    """The production provider with failure injection (next load, next primary) and a load hold."""
+    """The production provider with failure injection (next load, next primary, next batched
+    engine) and a load hold; for a ``batching`` model it also drives the batched engine and
+    counts what its steps carried (:attr:`widest_step`: the most members one step advanced)."""
 
     def __init__(self, inner: ModelProvider) -> None:
         self.inner = inner
         self.fail_next_load = False
         self.fail_next_create = False
+        self.fail_next_engine = False
+        self.engines = 0
+        self.steps = 0
+        self.widest_step = 0
         self.hold_load: anyio.Event | None = None
         self.load_started = anyio.Event()
         self.loads = 0
@@ -74,6 +82,34 @@ class GateProvider:
 
     async def reset(self, session: Any) -> None:
         await self.inner.reset(session)
+
+    # ---- batching (models registered with ``batching``)
+    def _batching(self) -> BatchingProvider:
+        if not isinstance(self.inner, BatchingProvider):
+            raise ValueError("the gate's inner provider cannot batch")
+        return self.inner
+
+    async def engine(self, factory: Any, max_batch: int) -> BatchEngine:
+        if self.fail_next_engine:
+            self.fail_next_engine = False
+            raise RuntimeError("injected batched-engine failure")
+        engine = await self._batching().engine(factory, max_batch)
+        self.engines += 1
+        return engine
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        return await self._batching().join(engine, members)
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
+        self.steps += 1
+        self.widest_step = max(self.widest_step, len(keys))
+        return await self._batching().step(engine, keys)
+
+    async def leave(self, engine: BatchEngine, key: int) -> None:
+        await self._batching().leave(engine, key)
+
+    async def close_engine(self, engine: BatchEngine) -> None:
+        await self._batching().close_engine(engine)
 
 
 # --------------------------------------------------------------- observers

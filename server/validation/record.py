@@ -82,6 +82,7 @@ def manifest(gate: Gate) -> dict[str, Any]:
         "stream_inputs": {c.name: c.meta for c in gate.plan.stream_cases()},
         "options": {
             "slots": gate.slots,
+            "batching": gate.batching,
             "starts": gate.starts,
             "waves": gate.waves,
             "busy_timeout_ms": 600_000,
@@ -139,7 +140,9 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
         "backend": "numpy",
         "device": "cpu",
         "slots": gate.slots,
-        "runtime": "parallel",
+        "runtime": "parallel, batched (one engine; slots = batch capacity)"
+        if gate.batching
+        else "parallel",
     }
     limits = {
         "M1": [
@@ -154,6 +157,16 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
         ],
         "M6": ["native batch mode is not admitted by this gate (NOT_APPLICABLE for batch)"],
     }
+    if gate.batching:
+        for cid in ("M2", "M3", "M6"):
+            limits[cid].append(
+                "batched: outputs compared with unbatched references, exactly or within the "
+                f"family's declared batched tolerance ({gate.plan.batched_tolerance})"
+            )
+        limits["M2"].append(
+            "batched: concurrency is n leases and n launched members at once; how many "
+            "members each step carried is evidence (widest_batch_step), not a verdict"
+        )
     gate.check("M6").evidence["offline"] = "M2/M3 waves (offline requests)"
     gate.check("M6").evidence["batch"] = (
         "NOT_APPLICABLE: not admitted here; batches stay with the framework tests"
@@ -187,16 +200,26 @@ def run_gate(
     waves: int = MIN_WAVES,
     make_provider: Callable[[], GateProvider] | None = None,
     reproduction: str = "",
+    batching: bool = False,
 ) -> dict[str, Any]:
-    """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread).
+    """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread); with ``batching``, the
+    model is registered with ``batching: true`` (its batched engine, ``slots`` members).
 
-    Returns the record's model half.
+    Returns the record's model half. ValueError for a family without a plan, or, with
+    ``batching``, without a batched engine.
     """
     from threadpoolctl import threadpool_limits
 
     plan(family)  # ValueError for a family without a plan, before anything runs
+    if batching and not registry.family(family).batching:
+        raise ValueError(f"family {family!r} cannot batch across requests")
     gate = Gate(
-        family, slots, starts, waves, make_provider or (lambda: GateProvider(ThreadedProvider()))
+        family,
+        slots,
+        starts,
+        waves,
+        make_provider or (lambda: GateProvider(ThreadedProvider())),
+        batching,
     )
     t = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
