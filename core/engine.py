@@ -26,7 +26,7 @@ owns its per-member state and needs no locking.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -100,3 +100,19 @@ class BatchingFactory(Protocol):
     def engine(self, max_batch: int) -> BatchEngine:
         """A batched executor for up to ``max_batch`` members on this factory's weights."""
         ...
+
+
+def join_each(members: Sequence[Member], join_one: Callable[[Member], Emitted]) -> list[Emitted]:
+    """An engine's ``join`` rule: each member is admitted on its own, in order.
+
+    ``join_one`` validates, prefills and stores one member and says what it produced;
+    should it raise, that exception is the member's :class:`Emitted` ``error`` and the
+    other members are admitted all the same (a bad request fails only itself).
+    """
+    out: list[Emitted] = []
+    for member in members:
+        try:
+            out.append(join_one(member))
+        except Exception as error:  # this member only
+            out.append(Emitted(member.key, error=error))
+    return out

@@ -33,7 +33,7 @@ from backends.base import ArrayBackend
 from backends.piper.api import PiperChunk
 from backends.piper.model import PiperModel, Synthesis, SynthesisInput
 from backends.piper.progress import Progress, check_request, request_rng, result_of
-from core.engine import Emitted, Member
+from core.engine import Emitted, Member, join_each
 
 AUDIO_TOLERANCE = 1e-4
 """Max |batched - unbatched| per sample (normalized audio), as across BLAS thread counts."""
@@ -66,19 +66,7 @@ class PiperEngine:
 
     def join(self, members: Sequence[Member]) -> list[Emitted]:
         """Check and phonemize each member; one with no sentence at all is done at once."""
-        out = []
-        for member in members:
-            try:
-                row = self._admit(member)
-            except Exception as error:  # this member only
-                out.append(Emitted(member.key, error=error))
-                continue
-            if row.progress.done:
-                out.append(self._emit(member.key, row, None))
-            else:
-                self._rows[member.key] = row
-                out.append(Emitted(member.key))
-        return out
+        return join_each(members, self._join_one)
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
         """The next sentence of every member in ``keys``, synthesized as one batch."""
@@ -116,6 +104,13 @@ class PiperEngine:
         self._closed = True
 
     # ---- internals ---------------------------------------------------------
+    def _join_one(self, member: Member) -> Emitted:
+        row = self._admit(member)
+        if row.progress.done:
+            return self._emit(member.key, row, None)
+        self._rows[member.key] = row
+        return Emitted(member.key)
+
     def _admit(self, member: Member) -> _Row:
         if self._closed:
             raise RuntimeError("piper: the engine is closed")

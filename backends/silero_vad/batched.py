@@ -39,7 +39,7 @@ from backends.silero_vad import model
 from backends.silero_vad.segments import StreamTrigger, chunk_events, speech_segments
 from backends.silero_vad.types import VadChunk, VadRequest, VadResult, checked_request
 from backends.silero_vad.weights import SileroWeights
-from core.engine import Emitted, Member
+from core.engine import Emitted, Member, join_each
 
 STEP_CHUNKS: Final = model.STREAM_BLOCK  # chunks per member per step (8 x 32 ms = 256 ms)
 
@@ -79,16 +79,7 @@ class SileroVadEngine:
 
     def join(self, members: Sequence[Member]) -> list[Emitted]:
         """Validate and frame each member; one with no chunk at all is done at once."""
-        out = []
-        for member in members:
-            try:
-                row = self._admit(member)
-            except Exception as error:  # this member only
-                out.append(Emitted(member.key, error=error))
-                continue
-            self._rows[member.key] = row
-            out.append(self._emit(member.key, row, []) if row.finished else Emitted(member.key))
-        return out
+        return join_each(members, self._join_one)
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
         """Up to :data:`STEP_CHUNKS` chunks for every member in ``keys``, in one forward."""
@@ -117,6 +108,11 @@ class SileroVadEngine:
         self._rows.clear()
 
     # ---- internals ---------------------------------------------------------
+    def _join_one(self, member: Member) -> Emitted:
+        row = self._admit(member)
+        self._rows[member.key] = row
+        return self._emit(member.key, row, []) if row.finished else Emitted(member.key)
+
     def _admit(self, member: Member) -> _Row:
         if not 0 <= member.key < self._max_batch or member.key in self._rows:
             raise ValueError(f"silero_vad: key {member.key} is out of range or in use")
