@@ -1,4 +1,4 @@
-"""The ``voxpool`` command line: serve, run a model once, and the simulator.
+"""The ``voxpool`` command line: serve, run a model once, Ray Serve, and the simulator.
 
 Production code never imports :mod:`sim`; only the ``sim`` subcommands load
 it, lazily.
@@ -11,6 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from server import cmd_ray
 from server.families import registry
 
 
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     val.add_argument("--framework", action="store_true", help="also run the F1-F6 test subsets")
     val.add_argument("--out", help="write the JSON record here")
+
+    cmd_ray.add_parser(sub)
 
     sim = sub.add_parser("sim", help="the deterministic simulator")
     simsub = sim.add_subparsers(dest="sim_command", required=True)

@@ -1,0 +1,143 @@
+"""The model deployment: each Ray Serve replica is one voxpool server without a socket.
+
+A replica builds the same state and ASGI app as ``voxpool serve`` (runtime,
+provider, metrics; admission, slots, lifecycle, batching, residency) and
+replays the requests the ingress forwards (:mod:`server.ray.exchange`).
+
+Ray Serve's model multiplexing tells the router which replica has which model:
+the loader (:meth:`VoxpoolReplica.resident`) only marks a model as wanted here
+(the runtime loads it with the request, as it does in ``voxpool serve``), and
+after every request the list Ray holds is trimmed to the models the runtime
+really keeps (:func:`server.ray.multiplex.trim`), so our residency limits
+(``max_loaded_models``, ``memory_budget_mb``, ``idle_unload_ms``), not Ray's
+LRU, decide what a replica keeps.
+
+Every :data:`REPORT_INTERVAL_S` the replica sends its ``/v1/models`` and
+``/metrics`` to the fleet directory (:mod:`server.ray.directory`), from which
+the ingress answers the fleet-wide views. Ray's graceful shutdown waits for
+the replica's requests to end, then :meth:`VoxpoolReplica.__del__` tears the
+runtime down (every pool closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from server.config import ServerConfig
+from server.http.app import build_app
+from server.http.lifespan import lifespan
+from server.ray import multiplex
+from server.ray.directory import Report, directory
+from server.ray.exchange import Forwarded, Part, Start, replay
+from server.serving import make_state
+
+log = logging.getLogger("voxpool.ray")
+
+REPORT_INTERVAL_S = 0.5
+"""How often a replica sends its counters to the fleet directory."""
+
+
+async def fetch(app: Any, path: str) -> tuple[int, bytes]:
+    """GET ``path`` from ``app`` in-process: status and whole body."""
+    status, body = 0, bytearray()
+    async for part in replay(app, Forwarded("GET", path, b"", (), b"")):
+        if isinstance(part, Start):
+            status = part.status
+        else:
+            body += part
+    return status, bytes(body)
+
+
+class VoxpoolReplica:
+    """One replica of the model deployment (wrapped by ``serve.deployment`` in
+    :mod:`server.ray.app`)."""
+
+    async def __init__(self, config: ServerConfig, app_name: str) -> None:  # type: ignore[misc]
+        self.state = make_state(config)
+        self.app = build_app(self.state)
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.app_name = app_name
+        self.directory = directory(app_name)
+        self._stop = asyncio.Event()
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._life = asyncio.ensure_future(self._hold(started))
+        await started
+        self._reporter = asyncio.ensure_future(self._report_forever())
+
+    async def _hold(self, started: asyncio.Future[None]) -> None:
+        """Run the app's lifespan (the runtime's task group) until the replica stops."""
+        try:
+            async with lifespan(self.app):
+                started.set_result(None)
+                await self._stop.wait()
+        except BaseException as exc:
+            if not started.done():
+                started.set_exception(exc)
+            raise
+
+    @serve.multiplexed(max_num_models_per_replica=-1)  # type: ignore[untyped-decorator]
+    async def resident(self, model_id: str) -> str:
+        """Mark ``model_id`` as wanted on this replica (Ray routes its requests here).
+
+        The runtime loads it with the first request; a model the runtime does
+        not keep is dropped from Ray's list again by :func:`multiplex.trim`.
+        """
+        return model_id
+
+    async def handle(self, request: Forwarded) -> AsyncIterator[Part]:
+        """Serve one forwarded request; yield its response head, then its body."""
+        model = serve.get_multiplexed_model_id()
+        if model:
+            await self.resident(model)
+        try:
+            async for part in replay(self.app, request):
+                yield part
+        finally:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Bring Ray's list of this replica's models in line with the runtime's."""
+        kept = {
+            row.id
+            for row in self.state.runtime.status()
+            if row.loaded or row.active_slots or row.queued_requests
+        }
+        multiplex.trim(self, kept)
+
+    async def report(self) -> Report:
+        """This replica's ``/v1/models`` and ``/metrics`` as the directory keeps them."""
+        _, models = await fetch(self.app, "/v1/models")
+        _, metrics = await fetch(self.app, "/metrics")
+        return Report(self.replica_id, json.loads(models)["data"], metrics.decode())
+
+    async def _report_forever(self) -> None:
+        while not self._stop.is_set():
+            self._trim()
+            try:
+                await self.directory.report.remote(await self.report())
+            except Exception:  # its owner went away: start (or find) a new one, keep serving
+                log.debug("replica %s could not report to the directory", self.replica_id)
+                self.directory = directory(self.app_name)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), REPORT_INTERVAL_S)
+
+    async def check_health(self) -> None:
+        """Ray's health check: the runtime's lifespan must still be running."""
+        if self._life.done():
+            raise RuntimeError("the voxpool runtime of this replica has stopped")
+
+    async def __del__(self) -> None:
+        """Ray's graceful shutdown (requests already drained): tear the runtime down."""
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            await self.directory.leave.remote(self.replica_id)
+        for task in (self._reporter, self._life):
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,92 @@
+"""server.ray.directory: the fleet-wide /v1/models and /metrics from replica reports."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from prometheus_client.parser import text_string_to_metric_families
+
+import server.ray.directory as directory_module
+from server.ray.directory import STALE_S, Directory, Report, fleet_metrics, fleet_models
+
+
+def row(model: str, loaded: bool, active: int = 0, queued: int = 0) -> dict[str, object]:
+    return {
+        "id": model,
+        "object": "model",
+        "task": "tts",
+        "slots": 2,
+        "active_slots": active,
+        "queued_requests": queued,
+        "queued_management": 0,
+        "loaded": loaded,
+        "state": "loaded" if loaded else "unloaded",
+    }
+
+
+METRICS_A = """# HELP voxpool_active_slots Occupied request slots
+# TYPE voxpool_active_slots gauge
+voxpool_active_slots{model="p"} 1.0
+# HELP voxpool_admissions_total Admission decisions
+# TYPE voxpool_admissions_total counter
+voxpool_admissions_total{decision="granted"} 3.0
+"""
+METRICS_B = """# HELP voxpool_active_slots Occupied request slots
+# TYPE voxpool_active_slots gauge
+voxpool_active_slots{model="p"} 0.0
+"""
+
+REPORTS = [
+    Report("b", [row("p", True, active=1, queued=2), row("w", False)], METRICS_B),
+    Report("a", [row("p", False), row("w", True, active=2)], METRICS_A),
+]
+
+
+def test_models_sum_counters_and_say_where_each_model_is_loaded() -> None:
+    rows = {r["id"]: r for r in fleet_models(REPORTS)}
+    assert list(rows) == ["p", "w"]
+    p = rows["p"]
+    assert (p["replicas"], p["slots"], p["active_slots"], p["queued_requests"]) == (2, 4, 1, 2)
+    assert p["loaded"] is True and p["loaded_on"] == ["b"]
+    assert [r["replica"] for r in p["per_replica"]] == ["b", "a"]
+    assert p["task"] == "tts" and "state" not in p
+    assert rows["w"]["loaded_on"] == ["a"] and rows["w"]["active_slots"] == 2
+
+
+def test_no_reports_no_models() -> None:
+    assert fleet_models([]) == []
+
+
+def test_metrics_label_every_sample_with_its_replica_and_stay_valid_exposition() -> None:
+    text = fleet_metrics(REPORTS).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    active = families["voxpool_active_slots"]
+    assert active.type == "gauge"
+    assert sorted((s.labels["replica"], s.value) for s in active.samples) == [
+        ("a", 1.0),
+        ("b", 0.0),
+    ]
+    granted = families["voxpool_admissions"].samples
+    assert [(s.labels, s.value) for s in granted] == [
+        ({"decision": "granted", "replica": "a"}, 3.0)
+    ]
+    assert text.count("# TYPE voxpool_active_slots") == 1  # one family, not one per replica
+
+
+def test_the_directory_keeps_the_latest_report_and_drops_the_silent_and_the_departed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(directory_module.time, "monotonic", lambda: now[0])
+    d = Directory()
+    d.report(Report("r1", [row("p", False)], ""))
+    d.report(Report("r2", [], ""))
+    d.report(Report("r1", [row("p", True)], ""))
+    assert [(r.replica, len(r.models)) for r in d.reports()] == [("r1", 1), ("r2", 0)]
+    assert d.reports()[0].models[0]["loaded"] is True
+    d.leave("r2")
+    assert [r.replica for r in d.reports()] == ["r1"]
+    now[0] += STALE_S + 0.1
+    assert d.reports() == []

@@ -1,0 +1,193 @@
+"""voxpool on a real local Ray Serve cluster (2 CPUs): two model replicas behind the ingress.
+
+One cluster and one application for the module (tests/data/ray/fleet.json:
+two Piper models, one slot each, a queue of 2, one BLAS thread); the tests run
+in file order and the last one deletes the application while a request runs.
+Everything is observed through HTTP (the fleet's /v1/models and /metrics) and
+Ray's own state, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.ci import skip_or_fail
+from tests.server.live import LiveServer, free_port, in_thread
+
+try:
+    import ray
+    from ray import serve
+except ImportError:  # pragma: no cover - the test extra installs ray
+    skip_or_fail("ray is not installed", needs="the ray extra", module_level=True)
+
+from server.ray.app import MODELS, RayArgs, build
+
+CONFIG = Path(__file__).resolve().parents[1] / "data" / "ray" / "fleet.json"
+APP = "voxpool"
+SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[str]:
+    """The application on a fresh local cluster; its base URL."""
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = RayArgs(config=str(CONFIG), replicas=2, replica_cpus=0, retries=2, name=APP)
+        serve.run(build(args), name=APP, route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: health(url)["replicas"] == 2, "two replicas reporting")
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def wait_until(pred: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def health(url: str) -> dict[str, Any]:
+    try:
+        return dict(httpx.get(url + "/health", timeout=10).json())
+    except httpx.HTTPError:
+        return {"replicas": -1}
+
+
+def model_row(url: str, model: str) -> dict[str, Any]:
+    rows = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    return dict(next(r for r in rows if r["id"] == model))
+
+
+def granted_by_replica(url: str, model: str) -> dict[str, float]:
+    """Granted admissions per replica, from the fleet's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        if family.name != "voxpool_admissions":
+            continue
+        for s in family.samples:
+            if s.labels.get("model") == model and s.labels.get("decision") == "granted":
+                out[s.labels["replica"]] = out.get(s.labels["replica"], 0.0) + s.value
+    return out
+
+
+def speech(url: str, text: str, model: str = "piper", **extra: Any) -> httpx.Response:
+    body = {"model": model, "input": text, "seed": 7, **extra}
+    return httpx.post(url + "/v1/audio/speech", json=body, timeout=600)
+
+
+def active_replica(url: str, model: str) -> str:
+    """The replica running a request of ``model`` (waits until one is)."""
+    found: list[str] = []
+
+    def running() -> bool:
+        found[:] = [r["replica"] for r in model_row(url, model)["per_replica"] if r["active_slots"]]
+        return bool(found)
+
+    wait_until(running, f"a running {model} request")
+    return found[0]
+
+
+def test_both_replicas_serve_a_burst_and_every_request_succeeds(fleet: str) -> None:
+    texts = [SENTENCE * 3 + f"Request {i}." for i in range(4)]
+    futures = [in_thread(lambda t=t: speech(fleet, t)) for t in texts]
+    responses = [f.result(timeout=600) for f in futures]
+    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
+    assert all(r.content[:4] == b"RIFF" for r in responses)
+    granted = granted_by_replica(fleet, "piper")
+    assert len(granted) == 2 and all(n >= 1 for n in granted.values()), granted
+
+
+def test_a_model_used_one_request_at_a_time_stays_on_one_replica(fleet: str) -> None:
+    for i in range(4):
+        r = speech(fleet, f"Affinity check number {i}.", model="tts2")
+        assert r.status_code == 200, r.text
+    wait_until(lambda: model_row(fleet, "tts2")["loaded"], "tts2 reported loaded")
+    row = model_row(fleet, "tts2")
+    assert row["replicas"] == 2 and len(row["loaded_on"]) == 1, row
+    assert sum(granted_by_replica(fleet, "tts2").values()) == 4
+    assert list(granted_by_replica(fleet, "tts2")) == row["loaded_on"]
+
+
+def test_a_stream_through_ray_is_byte_identical_to_voxpool_serve(
+    fleet: str, tmp_path: Path
+) -> None:
+    text = "Streams through Ray arrive unchanged. Every byte of them."
+    body = {"model": "piper", "input": text, "seed": 3, "stream": True, "stream_format": "audio"}
+    through_ray = httpx.post(fleet + "/v1/audio/speech", json=body, timeout=300)
+    assert through_ray.status_code == 200, through_ray.text
+    server = LiveServer(CONFIG, tmp_path).start()
+    try:
+        direct = httpx.post(server.url + "/v1/audio/speech", json=body, timeout=300)
+    finally:
+        assert server.stop() == 0
+    assert direct.status_code == 200
+    assert through_ray.headers["content-type"] == direct.headers["content-type"]
+    assert len(through_ray.content) > 10_000
+    assert through_ray.content == direct.content
+    sse = {**body, "stream_format": "sse", "input": "Events too."}
+    events = httpx.post(fleet + "/v1/audio/speech", json=sse, timeout=300)
+    assert events.status_code == 200 and events.text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_client_that_leaves_a_stream_frees_its_replicas_slot(fleet: str) -> None:
+    body = {
+        "model": "piper",
+        "input": SENTENCE * 250,  # about 20 minutes of speech: it cannot finish by itself here
+        "stream": True,
+        "stream_format": "audio",
+    }
+    with httpx.stream("POST", fleet + "/v1/audio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())
+        assert model_row(fleet, "piper")["active_slots"] == 1
+    wait_until(lambda: model_row(fleet, "piper")["active_slots"] == 0, "the slot back", 60)
+
+
+def replica_actor(replica: str) -> Any:
+    names = ray.util.list_named_actors(all_namespaces=True)
+    name = next(n["name"] for n in names if n["name"].endswith(f"#{MODELS}#{replica}"))
+    return ray.get_actor(name, namespace="serve")
+
+
+def test_a_replica_killed_mid_request_gives_a_retried_success_or_a_clean_503(
+    fleet: str,
+) -> None:
+    pending = in_thread(lambda: speech(fleet, SENTENCE * 8))
+    victim = active_replica(fleet, "piper")
+    ray.kill(replica_actor(victim), no_restart=True)
+    r = pending.result(timeout=600)
+    if r.status_code != 200:
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["type"] == "server_busy"
+        assert "retry-after" in r.headers
+    else:
+        assert r.content[:4] == b"RIFF"
+
+    def recovered() -> bool:
+        replicas = [row["replica"] for row in model_row(fleet, "piper")["per_replica"]]
+        return len(replicas) == 2 and victim not in replicas
+
+    wait_until(recovered, "Ray to replace the killed replica", 180)
+    assert speech(fleet, "Back to full strength.").status_code == 200
+
+
+def test_deleting_the_application_drains_the_request_in_flight(fleet: str) -> None:
+    pending = in_thread(lambda: speech(fleet, SENTENCE * 4))
+    active_replica(fleet, "piper")
+    serve.delete(APP)  # Ray's graceful shutdown: the replicas finish what they run
+    r = pending.result(timeout=600)
+    assert r.status_code == 200 and r.content[:4] == b"RIFF", r.text[:300]
+    assert APP not in serve.status().applications
