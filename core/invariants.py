@@ -9,6 +9,8 @@ here need only core state.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import attrs
 
 from core.admission import Admission
@@ -95,10 +97,19 @@ def check_admission(adm: Admission, now: float) -> list[Violation]:
     return out
 
 
-def check_registry(registry: Registry, now: float) -> list[Violation]:
-    """Every core invariant over every model, plus residency (5) and initializers (7)."""
+def check_registry(
+    registry: Registry, now: float, models: Collection[str] | None = None
+) -> list[Violation]:
+    """Every core invariant over every model, plus residency (5) and initializers (7).
+
+    ``models`` limits the per-model checks to those ids (the models whose state
+    changed since the last check; None: every model); residency is always checked
+    over the whole registry.
+    """
     out: list[Violation] = []
     for entry in registry.entries():
+        if models is not None and entry.id not in models:
+            continue
         adm, life = entry.admission, entry.lifecycle
         out.extend(check_admission(adm, now))
         if (life.state is ModelState.LOADING) != (life.initializer is not None):

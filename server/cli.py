@@ -79,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--mutant", help=argparse.SUPPRESS)  # tests/mutants: fuzz a re-introduced bug
     replay = simsub.add_parser("replay", help="re-feed a recorded trace to a fresh core")
     replay.add_argument("trace")
+    fleet = simsub.add_parser(
+        "fleet", help="many replicas behind a Ray Serve router model: latency, 503s, sweeps"
+    )
+    fleet.add_argument("workload", help="the workload TOML file (docs/fleet.md)")
+    fleet.add_argument("--seed", type=int, help="default: the workload's seed")
+    fleet.add_argument("--sweep-replicas", metavar="A..B", help="run on A..B fixed replicas")
+    fleet.add_argument("--max-p99", type=float, metavar="SECONDS", help="a sweep's p99 goal")
+    fleet.add_argument("--max-busy-rate", type=float, metavar="FRACTION", help="503-rate goal")
+    fleet.add_argument("--out", help="write fleet.txt and fleet.png here")
+    fleet.add_argument("--no-monitors", action="store_true", help="skip the decision monitors")
     return parser
 
 

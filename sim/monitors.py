@@ -55,8 +55,9 @@ class Livelock(RuntimeError):
 class Monitor:
     """Watches one runtime's decisions and session use."""
 
-    def __init__(self, checks: bool = True) -> None:
+    def __init__(self, checks: bool = True, max_decisions: int | None = MAX_DECISIONS) -> None:
         self.checks = checks
+        self.max_decisions = max_decisions  # None: no livelock bound (long fleet runs)
         self.rt: Runtime | None = None
         self.decisions = 0
         self.repeats = 0
@@ -77,7 +78,8 @@ class Monitor:
         key = (r.t, r.model, r.event, r.decision)
         self.repeats = self.repeats + 1 if key == self.last else 0
         self.last = key
-        if self.decisions > MAX_DECISIONS or self.repeats > MAX_REPEATS:
+        too_many = self.max_decisions is not None and self.decisions > self.max_decisions
+        if too_many or self.repeats > MAX_REPEATS:
             raise Livelock(
                 f"invariant 10: livelock, {self.decisions} core decisions, the last one "
                 f"({r.event} {r.decision} on '{r.model}' at t={r.t}) repeated {self.repeats} times"
@@ -287,18 +289,23 @@ class MonitoredProvider:
 
 
 def monitored(
-    factory: Callable[..., Runtime] = Runtime, *, checks: bool = True
+    factory: Callable[..., Runtime] = Runtime,
+    *,
+    checks: bool = True,
+    max_decisions: int | None = MAX_DECISIONS,
 ) -> Callable[..., Runtime]:
     """A ``runtime_factory`` for :func:`sim.runner.run_scenario` whose runtime is watched.
 
     ``checks=False`` keeps only the livelock guard: the run sees exactly what
-    ``voxpool sim run`` sees, but cannot spin forever.
+    ``voxpool sim run`` sees, but cannot spin forever. ``max_decisions`` bounds the
+    decisions of one runtime (None: no bound, for the fleet's long runs; the
+    repeat guard stays).
     """
 
     def build(
         provider: Any, config: Any, *, trace: Callable[[TraceRecord], None], **kw: Any
     ) -> Runtime:
-        monitor = Monitor(checks)
+        monitor = Monitor(checks, max_decisions)
 
         def sink(r: TraceRecord) -> None:
             trace(r)
