@@ -185,9 +185,9 @@ def run_serve(args: argparse.Namespace) -> int:
     host = args.host or config.host
     port = args.port if args.port is not None else config.port
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build(rargs), name=rargs.name, route_prefix="/")

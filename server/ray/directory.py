@@ -1,4 +1,5 @@
-"""The fleet directory: what every replica last reported, and the fleet-wide views.
+"""The fleet directory: what every replica last reported, management for every replica,
+and the fleet-wide views.
 
 Each model replica sends a :class:`Report` (its own ``/v1/models`` rows and
 ``/metrics`` text) every half second to one named Ray actor per application
@@ -9,11 +10,23 @@ loaded, and the sums of slots, active slots and queued requests) and
 ``replica`` label). A replica that stops reporting for :data:`STALE_S`
 (killed, node lost) drops out of both views; one that shuts down cleanly
 leaves at once.
+
+Management requests (load, unload, bulk unload) must reach every replica:
+the ingress posts them to the directory's command log (:meth:`Directory.post`),
+each replica picks up the commands it has not run with its next report, runs
+them in order through its own app and acknowledges each
+(:meth:`Directory.ack`); the ingress answers once every replica that was live
+when the command was posted has acknowledged it, or has gone
+(:meth:`Directory.outcome`). A replica that starts later runs the whole log, so
+models registered at run time reach new replicas too. The log lives as long as
+the directory: a new directory (its owner died) starts a new ``epoch`` and an
+empty log, and replicas start over on it.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +37,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from server.ray.exchange import Forwarded
+
 STALE_S = 3.0
 """A replica silent for this long is left out of the fleet views."""
+
+MAX_COMMANDS = 10_000
+"""The command log's length bound: past it, management requests are refused."""
 
 COUNTERS = ("slots", "active_slots", "queued_requests", "queued_management")
 """The per-replica counters that ``/v1/models`` sums over the fleet."""
@@ -40,15 +58,84 @@ class Report:
     metrics: str
 
 
+@attrs.frozen
+class Command:
+    """A management request for every replica, numbered in the log of one directory epoch."""
+
+    epoch: str
+    seq: int
+    request: Forwarded
+
+
+@attrs.frozen
+class Ack:
+    """One replica's answer to a command."""
+
+    replica: str
+    status: int
+    body: bytes
+
+
+@attrs.frozen
+class Outcome:
+    """Where a command stands: the replicas still to answer, and the answers so far."""
+
+    waiting: tuple[str, ...]
+    acks: tuple[Ack, ...]
+
+
 class Directory:
-    """The latest report of every live replica of one application (a Ray actor)."""
+    """The latest report of every live replica of one application, and its command log
+    (a Ray actor)."""
 
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, Report]] = {}
+        self.epoch = uuid.uuid4().hex
+        self._log: list[Command] = []
+        self._expected: dict[int, tuple[str, ...]] = {}
+        self._acks: dict[int, dict[str, Ack]] = {}
+        self._void: set[int] = set()
 
-    def report(self, report: Report) -> None:
-        """Keep ``report`` as its replica's latest."""
+    def report(self, report: Report, epoch: str = "", done: int = 0) -> list[Command]:
+        """Keep ``report`` as its replica's latest; the commands it has still to run.
+
+        ``epoch`` and ``done`` say how far the replica got: the last command it
+        ran in which log. A replica new to this epoch runs the log from the start.
+        """
         self._reports[report.replica] = (time.monotonic(), report)
+        start = done if epoch == self.epoch else 0
+        return [c for c in self._log[start:] if c.seq not in self._void]
+
+    def post(self, request: Forwarded) -> Command | str:
+        """Append ``request`` to the log for every live replica; or why it cannot be."""
+        live = tuple(r.replica for r in self.reports())
+        if not live:
+            return "no model replica is running"
+        if len(self._log) >= MAX_COMMANDS:
+            return "the fleet's management log is full: redeploy with the models in the config"
+        command = Command(self.epoch, len(self._log) + 1, request)
+        self._log.append(command)
+        self._expected[command.seq] = live
+        self._acks[command.seq] = {}
+        return command
+
+    def ack(self, seq: int, ack: Ack) -> None:
+        """Record a replica's answer to command ``seq`` (of this epoch)."""
+        if seq in self._acks:
+            self._acks[seq][ack.replica] = ack
+
+    def outcome(self, seq: int) -> Outcome:
+        """The replicas that were live at the post, are live still and have not answered.
+
+        A command every replica refused (a 4xx: a bad token, a bad body) is
+        voided once answered: replicas that start later do not run it.
+        """
+        acks = self._acks.get(seq, {})
+        live = {r.replica for r in self.reports()}
+        waiting = tuple(r for r in self._expected.get(seq, ()) if r in live and r not in acks)
+        if not waiting and acks and all(400 <= a.status < 500 for a in acks.values()):
+            self._void.add(seq)
+        return Outcome(waiting, tuple(acks[r] for r in sorted(acks)))
 
     def leave(self, replica: str) -> None:
         """Forget ``replica`` (it shut down)."""

@@ -116,6 +116,17 @@ async def replay(app: ASGIApp, request: Forwarded) -> AsyncIterator[Part]:
             await _wind_down(task)
 
 
+async def complete(app: ASGIApp, request: Forwarded) -> tuple[int, bytes]:
+    """Run ``request`` through ``app`` to the end: its status and whole body."""
+    status, body = 0, bytearray()
+    async for part in replay(app, request):
+        if isinstance(part, Start):
+            status = part.status
+        else:
+            body += part
+    return status, bytes(body)
+
+
 async def _wind_down(task: asyncio.Future[None]) -> None:
     """Let ``task`` notice the disconnect and finish; cancel it after the grace period.
 

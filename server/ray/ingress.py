@@ -19,7 +19,7 @@ early, never a hang.
 ``GET /v1/models`` and ``GET /metrics`` are fleet-wide (:mod:`server.ray.directory`),
 ``GET /health`` is the ingress's own; management requests (load, unload,
 bulk unload) go to every replica (:mod:`server.ray.broadcast`); everything
-else (the page, ``/openapi.json``, voices) to any replica.
+else (the page, ``/openapi.json``, voices) to one replica.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 from server.config import ServerConfig
 from server.http.body import BodyLimit
 from server.http.errors import error_response
+from server.ray.broadcast import broadcast, is_management
 from server.ray.directory import directory, fleet_metrics, fleet_models
 from server.ray.exchange import Forwarded, Start
 
@@ -127,6 +128,8 @@ class IngressApp:
         self.retries = retries
         self.known = frozenset(model.id for model in config.models)
         self.directory: Any = None  # the directory actor, found at the first fleet view
+        # a management command waits for the busiest replica's managers at most this long
+        self.management_timeout_s = (config.busy_timeout_ms or 300_000) / 1000.0 + 30.0
         self._limited = BodyLimit(self._http, config.max_request_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -151,17 +154,23 @@ class IngressApp:
             replicas = len(await self._reports())
             body = json.dumps({"status": "ok", "replicas": replicas, "ray": True}).encode()
             await _respond(send, 200, body, b"application/json")
+        elif is_management(request):
+            start, body = await broadcast(self._directory(), request, self.management_timeout_s)
+            await _respond(send, start.status, body, None, start.headers)
         else:
             await self.forward(request, send)
 
+    def _directory(self) -> Any:
+        if self.directory is None:
+            self.directory = directory(self.app_name)
+        return self.directory
+
     async def _reports(self) -> list[Any]:
-        if self.directory is not None:
-            try:
-                return list(await self.directory.reports.remote())
-            except Exception:  # its owner went away: start (or find) a new one
-                pass
-        self.directory = directory(self.app_name)
-        return list(await self.directory.reports.remote())
+        try:
+            return list(await self._directory().reports.remote())
+        except Exception:  # its owner went away: start (or find) a new one
+            self.directory = None
+            return list(await self._directory().reports.remote())
 
     async def forward(self, request: Forwarded, send: Send) -> None:
         """Send ``request`` to a replica of its model; retry busy or lost replicas.

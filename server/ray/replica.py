@@ -14,9 +14,10 @@ LRU, decide what a replica keeps.
 
 Every :data:`REPORT_INTERVAL_S` the replica sends its ``/v1/models`` and
 ``/metrics`` to the fleet directory (:mod:`server.ray.directory`), from which
-the ingress answers the fleet-wide views. Ray's graceful shutdown waits for
-the replica's requests to end, then :meth:`VoxpoolReplica.__del__` tears the
-runtime down (every pool closed).
+the ingress answers the fleet-wide views, and runs the management commands
+the directory hands back (load, unload, bulk unload: every replica runs them).
+Ray's graceful shutdown waits for the replica's requests to end, then
+:meth:`VoxpoolReplica.__del__` tears the runtime down (every pool closed).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from server.config import ServerConfig
 from server.http.app import build_app
 from server.http.lifespan import lifespan
 from server.ray import multiplex
-from server.ray.directory import Report, directory
-from server.ray.exchange import Forwarded, Part, Start, replay
+from server.ray.directory import Ack, Command, Report, directory
+from server.ray.exchange import Forwarded, Part, complete, replay
 from server.serving import make_state
 
 log = logging.getLogger("voxpool.ray")
@@ -44,15 +45,9 @@ REPORT_INTERVAL_S = 0.5
 """How often a replica sends its counters to the fleet directory."""
 
 
-async def fetch(app: Any, path: str) -> tuple[int, bytes]:
-    """GET ``path`` from ``app`` in-process: status and whole body."""
-    status, body = 0, bytearray()
-    async for part in replay(app, Forwarded("GET", path, b"", (), b"")):
-        if isinstance(part, Start):
-            status = part.status
-        else:
-            body += part
-    return status, bytes(body)
+async def fetch(app: Any, path: str) -> bytes:
+    """GET ``path`` from ``app`` in-process: the whole body."""
+    return (await complete(app, Forwarded("GET", path, b"", (), b"")))[1]
 
 
 class VoxpoolReplica:
@@ -65,6 +60,7 @@ class VoxpoolReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.app_name = app_name
         self.directory = directory(app_name)
+        self.epoch, self.done = "", 0  # how far this replica ran the directory's command log
         self._stop = asyncio.Event()
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._life = asyncio.ensure_future(self._hold(started))
@@ -113,15 +109,25 @@ class VoxpoolReplica:
 
     async def report(self) -> Report:
         """This replica's ``/v1/models`` and ``/metrics`` as the directory keeps them."""
-        _, models = await fetch(self.app, "/v1/models")
-        _, metrics = await fetch(self.app, "/metrics")
+        models = await fetch(self.app, "/v1/models")
+        metrics = await fetch(self.app, "/metrics")
         return Report(self.replica_id, json.loads(models)["data"], metrics.decode())
+
+    async def run_commands(self, commands: list[Command]) -> None:
+        """Run the fleet's management commands in order through this replica's app."""
+        for command in commands:
+            status, body = await complete(self.app, command.request)
+            await self.directory.ack.remote(command.seq, Ack(self.replica_id, status, body))
+            self.epoch, self.done = command.epoch, command.seq
 
     async def _report_forever(self) -> None:
         while not self._stop.is_set():
             self._trim()
             try:
-                await self.directory.report.remote(await self.report())
+                report = await self.report()
+                await self.run_commands(
+                    await self.directory.report.remote(report, self.epoch, self.done)
+                )
             except Exception:  # its owner went away: start (or find) a new one, keep serving
                 log.debug("replica %s could not report to the directory", self.replica_id)
                 self.directory = directory(self.app_name)

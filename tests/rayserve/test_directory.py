@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("ray")
@@ -9,7 +11,17 @@ pytest.importorskip("ray")
 from prometheus_client.parser import text_string_to_metric_families
 
 import server.ray.directory as directory_module
-from server.ray.directory import STALE_S, Directory, Report, fleet_metrics, fleet_models
+from server.ray.broadcast import merge
+from server.ray.directory import (
+    STALE_S,
+    Ack,
+    Command,
+    Directory,
+    Report,
+    fleet_metrics,
+    fleet_models,
+)
+from server.ray.exchange import Forwarded
 
 
 def row(model: str, loaded: bool, active: int = 0, queued: int = 0) -> dict[str, object]:
@@ -90,3 +102,85 @@ def test_the_directory_keeps_the_latest_report_and_drops_the_silent_and_the_depa
     assert [r.replica for r in d.reports()] == ["r1"]
     now[0] += STALE_S + 0.1
     assert d.reports() == []
+
+
+# ---------------------------------------------------------------- the command log
+
+UNLOAD = Forwarded("POST", "/v1/models/unload", b"", (), b'{"id": "p"}')
+
+
+def live_directory(*replicas: str) -> Directory:
+    d = Directory()
+    for r in replicas:
+        d.report(Report(r, [], ""))
+    return d
+
+
+def test_a_command_needs_a_live_replica() -> None:
+    assert live_directory().post(UNLOAD) == "no model replica is running"
+
+
+def test_each_replica_runs_the_log_from_where_it_stopped_and_a_new_epoch_from_the_start() -> None:
+    d = live_directory("a")
+    first, second = d.post(UNLOAD), d.post(UNLOAD)
+    assert isinstance(first, Command) and isinstance(second, Command)
+    assert (first.seq, second.seq, first.epoch) == (1, 2, d.epoch)
+    assert d.report(Report("a", [], ""), "", 0) == [first, second]
+    assert d.report(Report("a", [], ""), d.epoch, 1) == [second]
+    assert d.report(Report("a", [], ""), d.epoch, 2) == []
+    assert d.report(Report("a", [], ""), "an older directory's epoch", 2) == [first, second]
+
+
+def test_a_command_waits_for_every_replica_live_at_its_post_until_it_answers_or_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(directory_module.time, "monotonic", lambda: now[0])
+    d = live_directory("a", "b")
+    command = d.post(UNLOAD)
+    assert isinstance(command, Command)
+    d.report(Report("c", [], ""))  # joined after the post: it runs the log, nobody waits for it
+    assert d.outcome(command.seq).waiting == ("a", "b")
+    d.ack(command.seq, Ack("b", 200, b"{}"))
+    assert d.outcome(command.seq).waiting == ("a",)
+    now[0] += STALE_S + 1  # "a" fell silent (killed): the command waits no longer
+    d.report(Report("b", [], ""))
+    outcome = d.outcome(command.seq)
+    assert outcome.waiting == () and [a.replica for a in outcome.acks] == ["b"]
+
+
+def test_a_command_every_replica_refused_is_not_run_by_later_replicas() -> None:
+    d = live_directory("a")
+    refused, kept = d.post(UNLOAD), d.post(UNLOAD)
+    assert isinstance(refused, Command) and isinstance(kept, Command)
+    d.ack(refused.seq, Ack("a", 403, b"{}"))
+    d.ack(kept.seq, Ack("a", 200, b"{}"))
+    d.outcome(refused.seq)
+    d.outcome(kept.seq)
+    assert d.report(Report("new", [], ""), "", 0) == [kept]
+
+
+def ack(replica: str, status: int, body: dict[str, object]) -> Ack:
+    return Ack(replica, status, json.dumps(body).encode())
+
+
+def test_merge_unions_what_any_replica_unloaded_and_keeps_what_none_knows() -> None:
+    start, body = merge(
+        [
+            ack("a", 200, {"unloaded": ["x"], "not_found": ["q", "r"]}),
+            ack("b", 200, {"unloaded": ["y", "x"], "not_found": ["r"]}),
+        ]
+    )
+    assert start.status == 200
+    assert json.loads(body) == {"unloaded": ["x", "y"], "not_found": ["r"], "replicas": 2}
+    start, body = merge(
+        [ack("a", 200, {"id": "m", "reconfigured": False}), ack("b", 200, {"reconfigured": True})]
+    )
+    assert json.loads(body) == {"id": "m", "reconfigured": True, "replicas": 2}
+
+
+def test_merge_answers_with_the_first_failure_as_its_replica_gave_it() -> None:
+    start, body = merge(
+        [ack("a", 200, {}), ack("b", 403, {"error": "no"}), ack("c", 400, {"error": "x"})]
+    )
+    assert (start.status, body) == (403, b'{"error": "no"}')

@@ -66,11 +66,18 @@ def health(url: str) -> dict[str, Any]:
 
 def model_row(url: str, model: str) -> dict[str, Any]:
     rows = httpx.get(url + "/v1/models", timeout=10).json()["data"]
-    return dict(next(r for r in rows if r["id"] == model))
+    return dict(next((r for r in rows if r["id"] == model), {"replicas": 0, "loaded_on": []}))
 
 
-def granted_by_replica(url: str, model: str) -> dict[str, float]:
-    """Granted admissions per replica, from the fleet's /metrics."""
+def wait_row(url: str, model: str, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The fleet's row of ``model`` once ``pred`` holds (replicas report every half second)."""
+    wait_until(lambda: pred(model_row(url, model)), f"{model} in the expected state")
+    return model_row(url, model)
+
+
+def admitted_by_replica(url: str, model: str) -> dict[str, float]:
+    """Requests admitted per replica (granted a slot at once, or queued for one), from the
+    fleet's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, float] = {}
@@ -78,8 +85,12 @@ def granted_by_replica(url: str, model: str) -> dict[str, float]:
         if family.name != "voxpool_admissions":
             continue
         for s in family.samples:
-            if s.labels.get("model") == model and s.labels.get("decision") == "granted":
-                out[s.labels["replica"]] = out.get(s.labels["replica"], 0.0) + s.value
+            labels = s.labels
+            if (labels["model"], labels["kind"]) == (model, "request") and labels["decision"] in (
+                "granted",
+                "queued",
+            ):
+                out[labels["replica"]] = out.get(labels["replica"], 0.0) + s.value
     return out
 
 
@@ -106,7 +117,9 @@ def test_both_replicas_serve_a_burst_and_every_request_succeeds(fleet: str) -> N
     responses = [f.result(timeout=600) for f in futures]
     assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
     assert all(r.content[:4] == b"RIFF" for r in responses)
-    granted = granted_by_replica(fleet, "piper")
+    # the fleet's counters are the replicas' latest reports (every half second)
+    wait_until(lambda: sum(admitted_by_replica(fleet, "piper").values()) == 4, "4 admissions")
+    granted = admitted_by_replica(fleet, "piper")
     assert len(granted) == 2 and all(n >= 1 for n in granted.values()), granted
 
 
@@ -114,11 +127,10 @@ def test_a_model_used_one_request_at_a_time_stays_on_one_replica(fleet: str) -> 
     for i in range(4):
         r = speech(fleet, f"Affinity check number {i}.", model="tts2")
         assert r.status_code == 200, r.text
-    wait_until(lambda: model_row(fleet, "tts2")["loaded"], "tts2 reported loaded")
-    row = model_row(fleet, "tts2")
+    row = wait_row(fleet, "tts2", lambda row: bool(row["loaded_on"]))
     assert row["replicas"] == 2 and len(row["loaded_on"]) == 1, row
-    assert sum(granted_by_replica(fleet, "tts2").values()) == 4
-    assert list(granted_by_replica(fleet, "tts2")) == row["loaded_on"]
+    wait_until(lambda: sum(admitted_by_replica(fleet, "tts2").values()) == 4, "4 admissions")
+    assert list(admitted_by_replica(fleet, "tts2")) == row["loaded_on"]
 
 
 def test_a_stream_through_ray_is_byte_identical_to_voxpool_serve(
@@ -152,8 +164,26 @@ def test_a_client_that_leaves_a_stream_frees_its_replicas_slot(fleet: str) -> No
     with httpx.stream("POST", fleet + "/v1/audio/speech", json=body, timeout=300) as r:
         assert r.status_code == 200
         next(r.iter_bytes())
-        assert model_row(fleet, "piper")["active_slots"] == 1
-    wait_until(lambda: model_row(fleet, "piper")["active_slots"] == 0, "the slot back", 60)
+        wait_row(fleet, "piper", lambda row: row["active_slots"] == 1)
+    wait_row(fleet, "piper", lambda row: row["active_slots"] == 0)
+
+
+AUTH = {"Authorization": "Bearer test-token"}
+
+
+def test_management_reaches_every_replica_and_answers_once(fleet: str) -> None:
+    load = {"id": "tts3", "family": "piper", "mode": "streaming", "slots": 1}
+    r = httpx.post(fleet + "/v1/models/load", json=load, headers=AUTH, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"id": "tts3", "loaded": True, "reconfigured": False, "replicas": 2}
+    wait_row(fleet, "tts3", lambda row: row["replicas"] == 2 and len(row["loaded_on"]) == 2)
+    assert speech(fleet, "A model registered at run time.", model="tts3").status_code == 200
+    r = httpx.post(fleet + "/v1/models/unload", json={"id": "tts3"}, headers=AUTH, timeout=300)
+    assert r.json() == {"id": "tts3", "loaded": False, "replicas": 2}
+    wait_row(fleet, "tts3", lambda row: row["loaded_on"] == [])
+    refused = httpx.post(fleet + "/v1/models/unload", json={"id": "piper"}, timeout=60)
+    assert refused.status_code == 403
+    assert refused.json()["error"]["type"] == "permission_error"
 
 
 def replica_actor(replica: str) -> Any:
@@ -181,6 +211,8 @@ def test_a_replica_killed_mid_request_gives_a_retried_success_or_a_clean_503(
         return len(replicas) == 2 and victim not in replicas
 
     wait_until(recovered, "Ray to replace the killed replica", 180)
+    # the new replica ran the management log: the model registered at run time is there too
+    wait_row(fleet, "tts3", lambda row: row["replicas"] == 2)
     assert speech(fleet, "Back to full strength.").status_code == 200
 
 
