@@ -368,6 +368,13 @@ def _decode(
     steps = tokens[0].shape[1]
     if any(t.shape[1] != steps for t in tokens):
         raise ValueError("decoder members must feed the same number of tokens")
+    if not heads and all(t.shape == (1, 1) for t in tokens):  # a decoding step
+        hidden = _step(be, w, states, [int(t[0, 0]) for t in tokens], pad)
+        no_scores = [
+            np.zeros((1, 0, 1, s.cross_v[0].shape[2] if s.cross_v else 0), np.float32)
+            for s in states
+        ]
+        return be.reshape(hidden, (hidden.shape[0], 1, w.d_model)), no_scores
     starts = [state.length for state in states]
     if any(start + steps > MAX_TARGET_POSITIONS for start in starts):
         raise ValueError("decoder input exceeds 448 positions")
@@ -441,6 +448,67 @@ def _decode(
             else np.zeros((rows_m, 0, steps, frames), np.float32)
         )
     return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b), attention
+
+
+def _step(
+    be: ArrayBackend,
+    w: WhisperWeights,
+    states: Sequence[DecoderState],
+    tokens: Sequence[int],
+    pad: int,
+) -> Array:
+    """:func:`_decode` for one token per member (a decoding step): hidden states [rows, d].
+
+    The same products as the general path, with fewer operations around them: rows
+    are 2-D ``[rows, d]`` throughout, and with one position per member a head split
+    or merge is a reshape (no transposed copies), the causal mask is not needed and
+    the per-member bookkeeping (spans, tiled positions) is gone. Every value equals
+    the general path's bit for bit on numpy (``tests/models/test_whisper_model.py``).
+    """
+    starts = [state.length for state in states]
+    if any(start + 1 > MAX_TARGET_POSITIONS for start in starts):
+        raise ValueError("decoder input exceeds 448 positions")
+    d, heads = w.d_model, w.dec_heads
+    head_dim = d // heads
+    scale = 1.0 / math.sqrt(head_dim)
+    members = len(states)
+    x = be.transpose(be.take(w.embedding_t, np.asarray(tokens, dtype=np.intp), axis=1), (1, 0))
+    x = be.add(x, be.take(w.dec_pos, np.asarray(starts, dtype=np.intp), axis=0))
+    padding = [be.zeros((-members % pad, d))] if members % pad else []
+    x = _join(be, [x, *padding], 0)
+    one = members == 1 and not padding
+
+    def head_rows(rows: Array, m: int, lo: int) -> Array:
+        """Member ``m``'s columns ``lo:lo + d`` of ``rows`` as [1, heads, 1, head_dim]."""
+        row = rows if one else be.slice(rows, 0, m, m + 1)
+        return be.reshape(be.slice(row, 1, lo, lo + d), (1, heads, 1, head_dim))
+
+    for i, layer in enumerate(w.dec_layers):
+        a = layer.self_attn
+        qkv = be.linear(be.layer_norm(x, a.norm_g, a.norm_b), a.w_in, a.b_in)
+        ctxs = []
+        for m, state in enumerate(states):
+            start = starts[m]
+            be.write_slice(state.self_k[i], 2, start, head_rows(qkv, m, d))
+            be.write_slice(state.self_v[i], 2, start, head_rows(qkv, m, 2 * d))
+            k = be.slice(state.self_k[i], 2, 0, start + 1)
+            v = be.slice(state.self_v[i], 2, 0, start + 1)
+            ctxs.append(be.reshape(be.attention(head_rows(qkv, m, 0), k, v), (1, d)))
+        x = be.add(x, be.linear(_join(be, ctxs + padding, 0), a.w_out, a.b_out))
+
+        c = layer.cross_attn
+        queries = be.linear(be.layer_norm(x, c.norm_g, c.norm_b), c.w_q, c.b_q)
+        ctxs = []
+        for m, state in enumerate(states):
+            scores = be.scale(be.matmul(head_rows(queries, m, 0), state.cross_kt[i]), scale)
+            ctx = be.matmul(be.softmax(scores), state.cross_v[i])
+            ctxs.append(be.reshape(ctx, (1, d)))
+        x = be.add(x, be.linear(_join(be, ctxs + padding, 0), c.w_out, c.b_out))
+
+        x = be.add(x, _ffn(be, layer.ffn, x))
+    for m, state in enumerate(states):
+        state.length = starts[m] + 1
+    return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b)
 
 
 def logits(be: ArrayBackend, w: WhisperWeights, hidden: Array) -> Array:

@@ -90,3 +90,35 @@ def test_numpy_gelu_erf_is_accurate() -> None:
     got = be.gelu(x)
     assert got.dtype == np.float32 and got.shape == x.shape
     assert float(np.max(np.abs(got - exact))) < 2e-6
+
+
+def test_decoder_step_equals_the_general_path_bit_for_bit() -> None:
+    """A one-token step (the fast path: one member, or several with padded rows) gives the
+    very hidden states, caches and lengths of the general path (forced here by asking for
+    one cross-attention head, which only the general path returns)."""
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    rng = np.random.default_rng(1)
+    mel = np.clip(rng.standard_normal((2, 80, 3000)) * 0.4, -1.5, 1.5).astype(np.float32)
+    encoded = model.encode(be, weights, mel)
+    fast = [model.DecoderState(be, weights) for _ in range(3)]
+    general = [model.DecoderState(be, weights) for _ in range(3)]
+    for m, (a, b) in enumerate(zip(fast, general, strict=True)):
+        rows = encoded[m % 2 : m % 2 + 1]
+        a.set_memory(rows)
+        b.set_memory(rows)
+        prompt = np.asarray([[50257, 50362, 50363][: m + 1]], dtype=np.int64)
+        model.decode(be, weights, a, prompt)
+        model.decode(be, weights, b, prompt)
+    for step in range(4):
+        tokens = [440 + step, 50364 + step, 13 + step]
+        rows = [np.asarray([[t]], dtype=np.int64) for t in tokens]
+        for members, pad in ((1, 1), (3, 4)):  # step_logits pads several members only
+            got, _ = model._decode(be, weights, fast[:members], rows[:members], (), pad)
+            head = ((0, 0),)
+            want, _ = model._decode(be, weights, general[:members], rows[:members], head, pad)
+            assert np.array_equal(got, want)
+            for a, b in zip(fast, general, strict=True):
+                assert a.length == b.length
+                assert all(np.array_equal(x, y) for x, y in zip(a.self_k, b.self_k, strict=True))
+                assert all(np.array_equal(x, y) for x, y in zip(a.self_v, b.self_v, strict=True))
