@@ -51,11 +51,13 @@ COUNTERS = ("slots", "active_slots", "queued_requests", "queued_management")
 
 @attrs.frozen
 class Report:
-    """One replica's state: its ``/v1/models`` rows and its ``/metrics`` text."""
+    """One replica's state: its ``/v1/models`` rows, its ``/metrics`` text, and the models
+    Ray routes to it (its multiplexed model ids)."""
 
     replica: str
     models: Sequence[Mapping[str, Any]]
     metrics: str
+    routed: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -171,7 +173,8 @@ def fleet_models(reports: Iterable[Report]) -> list[dict[str, Any]]:
 
     ``replicas`` is how many replicas host the model, ``loaded_on`` the ids of
     those that have it loaded (``loaded`` is true when any has), and
-    ``per_replica`` each replica's own counters.
+    ``per_replica`` each replica's own counters and whether Ray routes the
+    model's requests to it (``routed``).
     """
     rows: dict[str, dict[str, Any]] = {}
     for report in reports:
@@ -194,6 +197,7 @@ def fleet_models(reports: Iterable[Report]) -> list[dict[str, Any]]:
                 model["loaded_on"].append(report.replica)
             model["per_replica"].append(
                 {"replica": report.replica, "state": row["state"], "loaded": row["loaded"]}
+                | {"routed": row["id"] in report.routed}
                 | {counter: row[counter] for counter in COUNTERS}
             )
     return [rows[model] for model in sorted(rows)]

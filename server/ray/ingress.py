@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 from server.config import ServerConfig
 from server.http.body import BodyLimit
 from server.http.errors import error_response
+from server.http.openapi import MODEL_ID
 from server.ray.broadcast import broadcast, is_management
 from server.ray.directory import directory, fleet_metrics, fleet_models
 from server.ray.exchange import Forwarded, Start
@@ -126,7 +127,6 @@ class IngressApp:
         self.config = config
         self.app_name = app_name
         self.retries = retries
-        self.known = frozenset(model.id for model in config.models)
         self.directory: Any = None  # the directory actor, found at the first fleet view
         # a management command waits for the busiest replica's managers at most this long
         self.management_timeout_s = (config.busy_timeout_ms or 300_000) / 1000.0 + 30.0
@@ -176,7 +176,9 @@ class IngressApp:
         """Send ``request`` to a replica of its model; retry busy or lost replicas.
 
         The first try names the model (Ray prefers a replica that has it
-        loaded); a retry does not, so Ray's power of two choices sends it to
+        loaded; any well-formed id, as models registered at run time are not
+        in the config: a replica drops an id its runtime does not hold); a
+        retry does not, so Ray's power of two choices sends it to
         the less loaded of two replicas instead of back to the busy one.
         """
         model = await model_of(request)
@@ -184,7 +186,7 @@ class IngressApp:
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
-            affinity = model if attempt == 0 and model in self.known else ""
+            affinity = model if attempt == 0 and model and MODEL_ID.fullmatch(model) else ""
             handle = self.models.options(stream=True, multiplexed_model_id=affinity)
             outcome = await self._attempt(handle, request, send)
             if outcome is None:

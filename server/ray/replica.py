@@ -111,7 +111,8 @@ class VoxpoolReplica:
         """This replica's ``/v1/models`` and ``/metrics`` as the directory keeps them."""
         models = await fetch(self.app, "/v1/models")
         metrics = await fetch(self.app, "/metrics")
-        return Report(self.replica_id, json.loads(models)["data"], metrics.decode())
+        routed = tuple(multiplex.listed(self))
+        return Report(self.replica_id, json.loads(models)["data"], metrics.decode(), routed)
 
     async def run_commands(self, commands: list[Command]) -> None:
         """Run the fleet's management commands in order through this replica's app."""

@@ -51,7 +51,7 @@ voxpool_active_slots{model="p"} 0.0
 """
 
 REPORTS = [
-    Report("b", [row("p", True, active=1, queued=2), row("w", False)], METRICS_B),
+    Report("b", [row("p", True, active=1, queued=2), row("w", False)], METRICS_B, ("p",)),
     Report("a", [row("p", False), row("w", True, active=2)], METRICS_A),
 ]
 
@@ -62,7 +62,7 @@ def test_models_sum_counters_and_say_where_each_model_is_loaded() -> None:
     p = rows["p"]
     assert (p["replicas"], p["slots"], p["active_slots"], p["queued_requests"]) == (2, 4, 1, 2)
     assert p["loaded"] is True and p["loaded_on"] == ["b"]
-    assert [r["replica"] for r in p["per_replica"]] == ["b", "a"]
+    assert [(r["replica"], r["routed"]) for r in p["per_replica"]] == [("b", True), ("a", False)]
     assert p["task"] == "tts" and "state" not in p
     assert rows["w"]["loaded_on"] == ["a"] and rows["w"]["active_slots"] == 2
 

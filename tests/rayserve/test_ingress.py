@@ -179,10 +179,14 @@ def test_the_model_a_request_names(request_: Forwarded, model: str | None) -> No
     assert asyncio.run(model_of(request_)) == model
 
 
-def test_an_unknown_model_is_forwarded_without_a_multiplexed_id() -> None:
-    handle = ScriptedHandle(OK)
-    post(handle, json={"model": "nope", "input": "hi"})
-    assert handle.options_seen[0]["multiplexed_model_id"] == ""
+def test_a_malformed_model_id_is_forwarded_without_a_multiplexed_id() -> None:
+    handle = ScriptedHandle(OK, OK)
+    post(handle, json={"model": "no pe!", "input": "hi"})
+    post(handle, json={"model": "registered.at:run-time", "input": "hi"})
+    assert [o["multiplexed_model_id"] for o in handle.options_seen] == [
+        "",
+        "registered.at:run-time",
+    ]
 
 
 def test_is_busy_reads_the_error_type() -> None:
