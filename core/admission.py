@@ -41,7 +41,7 @@ import attrs
 from core.events import Reason, busy_message
 from core.lease import Lease, LeaseKind, LeaseLedger
 from core.policy import exceeds, overrun
-from core.pool import MAX_PARALLEL_SESSIONS
+from core.pool import MAX_BATCH_SLOTS
 
 
 @attrs.define
@@ -186,8 +186,8 @@ class Admission:
         generation: int = 0,
         default_retry_after: float = 1.0,
     ) -> None:
-        if not 1 <= slots <= MAX_PARALLEL_SESSIONS:
-            raise ValueError(f"slots must be between 1 and {MAX_PARALLEL_SESSIONS}")
+        if not 1 <= slots <= MAX_BATCH_SLOTS:
+            raise ValueError(f"slots must be between 1 and {MAX_BATCH_SLOTS}")
         if max_queue is not None and max_queue < 0:
             raise ValueError("max_queue must be >= 0 or None")
         self.model = model
@@ -196,8 +196,8 @@ class Admission:
         self.generation = generation
         self.default_retry_after = default_retry_after
         self.ledger = LeaseLedger()
-        self._holder: list[int | None] = [None] * MAX_PARALLEL_SESSIONS
-        self._since: list[float | None] = [None] * MAX_PARALLEL_SESSIONS
+        self._holder: list[int | None] = [None] * slots
+        self._since: list[float | None] = [None] * slots
         self._exclusive: int | None = None
         self._exclusive_since: float | None = None
         self._queue: deque[Waiter] = deque()
@@ -371,11 +371,15 @@ class Admission:
         Allowed only while no request slot is occupied (before publication, or
         under the exclusive management lease). Returns the new generation.
         """
-        if not 1 <= slots <= MAX_PARALLEL_SESSIONS:
-            raise ValueError(f"slots must be between 1 and {MAX_PARALLEL_SESSIONS}")
+        if not 1 <= slots <= MAX_BATCH_SLOTS:
+            raise ValueError(f"slots must be between 1 and {MAX_BATCH_SLOTS}")
         if self._active:
             raise RuntimeError("cannot resize occupied slots")
         self.count = slots
+        grow = slots - len(self._holder)
+        if grow > 0:  # every slot is free here: the new ones too
+            self._holder += [None] * grow
+            self._since += [None] * grow
         if bump_generation:
             self.generation += 1
         return self.generation

@@ -22,23 +22,97 @@ reports it as that member's :class:`Emitted` ``error`` and goes on.
 
 Every method is synchronous and called from one thread at a time; the engine
 owns its per-member state and needs no locking.
+
+**Live members.** A member may have a :class:`Feed`: its input arrives while it
+runs (a live audio stream, 32 ms at a time). Its owner ``push``es pieces and
+finally ``close``s the feed; at each step the engine takes whatever was pushed
+since (:meth:`Feed.take`) and advances the member over it. A member with nothing
+new sits the step out: the runtime steps only members whose feed is
+:attr:`~Feed.ready`, and waits (without spinning) for a push when none is. An
+engine that accepts live members says so (:class:`LiveInputEngine`); the runtime
+refuses a feed for any other.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 
+class Feed:
+    """The input of a live member, arriving while it runs (see the module doc).
+
+    One owner pushes (the event loop's thread) and one engine takes (a worker
+    thread, between the runtime's checks of :attr:`ready`): the pieces sit in a
+    deque, whose appends and pops are atomic, so neither side locks. The close
+    is read before the pieces are drained, so a take that sees the close has
+    every piece pushed before it. ``on_push`` (set by the runtime) is called,
+    on the pusher's thread, after every push and the close.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: collections.deque[Any] = collections.deque()
+        self._closed = False
+        self._close_taken = False
+        self._held = False
+        self.on_push: Callable[[], None] | None = None
+
+    def push(self, piece: Any) -> None:
+        """Append the next piece of input (the owner); refused once closed."""
+        if self._closed:
+            raise ValueError("push after the feed was closed")
+        self._pieces.append(piece)
+        if self.on_push is not None:
+            self.on_push()
+
+    def close(self) -> None:
+        """No more input (the owner): the member finishes once it has processed every piece.
+        Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.on_push is not None:
+            self.on_push()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the owner closed the feed."""
+        return self._closed
+
+    def take(self) -> tuple[list[Any], bool]:
+        """Every piece pushed since the last take, in order, and whether the feed is closed
+        (then the list holds the last pieces there will be)."""
+        closed = self._closed  # read first: a close seen here follows every push drained below
+        pieces = []
+        while self._pieces:
+            pieces.append(self._pieces.popleft())
+        if closed:
+            self._close_taken = True
+        return pieces, closed
+
+    def hold(self, held: bool) -> None:
+        """The engine says whether it holds input it took but has not processed yet (more than
+        one step's worth): the member is then ready without a new push."""
+        self._held = held
+
+    @property
+    def ready(self) -> bool:
+        """Whether the member has something to do at the next step: pieces to take, a close
+        not yet taken, or input the engine holds."""
+        return bool(self._pieces) or (self._closed and not self._close_taken) or self._held
+
+
 @attrs.frozen
 class Member:
-    """One request entering the batch under ``key``."""
+    """One request entering the batch under ``key``; ``feed``: a live member's input."""
 
     key: int
     request: Any
     stream: bool
+    feed: Feed | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(eq=False)
@@ -90,6 +164,17 @@ class BatchEngine(Protocol):
 
     def close(self) -> None:
         """Free the engine's buffers (every member has left). Never frees shared weights."""
+        ...
+
+
+@runtime_checkable
+class LiveInputEngine(BatchEngine, Protocol):
+    """A :class:`BatchEngine` that also takes live members (a :class:`Member` with a
+    :class:`Feed`, a stream whose input arrives while it runs)."""
+
+    @property
+    def live_input(self) -> bool:
+        """True: members with a feed are welcome."""
         ...
 
 

@@ -21,7 +21,13 @@ from typing import Final, TypeVar
 import attrs
 
 from core.events import Reason
-from core.pool import MAX_PARALLEL_SESSIONS, SLOTS_RANGE_MESSAGE, capacity_message
+from core.pool import (
+    BATCH_SLOTS_RANGE_MESSAGE,
+    MAX_BATCH_SLOTS,
+    MAX_PARALLEL_SESSIONS,
+    SLOTS_RANGE_MESSAGE,
+    capacity_message,
+)
 
 MISSING: Final = object()
 """Stands for a key absent from a JSON object (distinct from JSON null, which is None)."""
@@ -142,24 +148,31 @@ def overrun(since: float | None, now: float, timeout: float | None) -> bool:
     return since is not None and exceeds(now - since, timeout)
 
 
-def validate_slots(value: object, capacity: int | None = None) -> Valid | Invalid:
-    """Validate a ``slots`` value from JSON: an integer 1..16, never above ``capacity``.
+def validate_slots(
+    value: object, capacity: int | None = None, *, batching: bool = False
+) -> Valid | Invalid:
+    """Validate a ``slots`` value from JSON: an integer 1..16 (1..:data:`MAX_BATCH_SLOTS` for a
+    model registered with ``batching``: its slots are engine rows, not sessions), never above
+    ``capacity``.
 
     bool, null, floats (even 2.0), strings and out-of-range integers are rejected.
     ``MISSING`` (key absent) means the default of 1.
     """
     if value is MISSING:
         value = 1
+    message = BATCH_SLOTS_RANGE_MESSAGE if batching else SLOTS_MESSAGE
     if isinstance(value, bool) or not isinstance(value, int):
-        return Invalid(Reason.INVALID_SLOTS, SLOTS_MESSAGE)
-    if not 1 <= value <= MAX_PARALLEL_SESSIONS:
-        return Invalid(Reason.INVALID_SLOTS, SLOTS_MESSAGE)
+        return Invalid(Reason.INVALID_SLOTS, message)
+    if not 1 <= value <= (MAX_BATCH_SLOTS if batching else MAX_PARALLEL_SESSIONS):
+        return Invalid(Reason.INVALID_SLOTS, message)
     if capacity is not None and value > capacity:
         return Invalid(Reason.CAPACITY_EXCEEDED, capacity_message("", capacity))
     return Valid(value)
 
 
-def validate_slots_for_runtime(runtime: RuntimeKind, value: object) -> Valid | Invalid:
+def validate_slots_for_runtime(
+    runtime: RuntimeKind, value: object, *, batching: bool = False
+) -> Valid | Invalid:
     """Validate ``slots`` under a runtime: the original runtime rejects any explicit value.
 
     On the original runtime even ``1`` and ``null`` are rejected, so the legacy
@@ -169,7 +182,7 @@ def validate_slots_for_runtime(runtime: RuntimeKind, value: object) -> Valid | I
         if value is MISSING:
             return Valid(1)
         return Invalid(Reason.SLOTS_REQUIRE_PARALLEL, SLOTS_REQUIRE_PARALLEL_MESSAGE)
-    return validate_slots(value)
+    return validate_slots(value, batching=batching)
 
 
 TIMEOUT_MS_MAX = 2**53 - 1

@@ -24,6 +24,13 @@ import attrs
 from core.events import Reason
 
 MAX_PARALLEL_SESSIONS = 16
+"""The most sessions one model's pool holds: its slots when it runs one session per slot."""
+
+MAX_BATCH_SLOTS = 4096
+"""The most slots of a model registered with ``batching``. Its slots are rows of its batched
+engine's state (one per member, an LSTM state row for Silero VAD), not sessions: the pool
+holds only the primary, so the bound is what one engine step may carry, not what sessions
+cost. A family's engine may hold less (its ``max_batch`` is the slot count it is built for)."""
 
 
 class Interface(enum.Enum):
@@ -109,6 +116,9 @@ class SessionFactory(Protocol):
 
 CLONE_MISMATCH_MESSAGE = "parallel session must match the primary family, task, mode and interfaces"
 SLOTS_RANGE_MESSAGE = f"model slots must be an integer between 1 and {MAX_PARALLEL_SESSIONS}"
+BATCH_SLOTS_RANGE_MESSAGE = (
+    f"slots of a batching model must be an integer between 1 and {MAX_BATCH_SLOTS}"
+)
 
 
 def capacity_message(family: str, capacity: int) -> str:

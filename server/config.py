@@ -320,8 +320,11 @@ def parse_model(
     mode = raw.get("mode", "offline")
     if mode not in entry.modes:
         raise ConfigError(f"{where}mode must be {' or '.join(map(repr, entry.modes))}")
+    batching = _bool(raw, "batching", False)
+    if batching and not entry.batching:
+        raise ConfigError(f"{where}family {family} cannot batch across requests (batching: true)")
     slots_raw = raw.get("slots", MISSING)
-    checked = validate_slots_for_runtime(runtime, slots_raw)
+    checked = validate_slots_for_runtime(runtime, slots_raw, batching=batching)
     if isinstance(checked, Invalid):
         raise ConfigError(f"{where}{checked.message}")
     path = raw.get("path", "")
@@ -336,9 +339,6 @@ def parse_model(
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
-    batching = _bool(raw, "batching", False)
-    if batching and not entry.batching:
-        raise ConfigError(f"{where}family {family} cannot batch across requests (batching: true)")
     dro = _options(raw, "default_request_options", where)
     if entry.task == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
         raise ConfigError(

@@ -22,6 +22,15 @@ Members of any length join and leave between steps.
   always starts clean (``continue_stream`` has no earlier stream to continue),
   and with ``final=False`` a trailing partial chunk stays unprocessed.
 
+* A live member (``stream=True`` with a :class:`~core.engine.Feed`) is a stream
+  whose audio arrives while it runs (a live client, 32 ms at a time): each step
+  takes what its owner pushed since, frames every whole chunk (the partial one
+  stays pending) and advances it by up to :data:`STEP_CHUNKS` of them; with no
+  new chunk it sits the step out (no forward, no output). Closing the feed is
+  the end of the audio: the trailing partial chunk is zero-padded and processed,
+  as ``final=True``. Its chunks equal ``Session.stream`` over the whole audio
+  (``final=True``), however the audio was cut into pieces and steps.
+
 Probabilities agree with the unbatched session to float32 rounding (the LSTM's
 products run over ``M`` rows instead of one).
 """
@@ -39,27 +48,66 @@ from backends.silero_vad import model
 from backends.silero_vad.segments import StreamTrigger, chunk_events, speech_segments
 from backends.silero_vad.types import VadChunk, VadRequest, VadResult, checked_request
 from backends.silero_vad.weights import SileroWeights
-from core.engine import Emitted, Member, join_each
+from core.engine import Emitted, Feed, Member, join_each
 
 STEP_CHUNKS: Final = model.STREAM_BLOCK  # chunks per member per step (8 x 32 ms = 256 ms)
 
 
 @attrs.define(eq=False)
 class _Row:
-    """One member's private state: its windows, LSTM state and what it produced so far."""
+    """One member's private state: its windows not yet processed, LSTM state and what it
+    produced so far; a live member also its feed, the samples not yet framed (a partial
+    chunk) and the context of its next window."""
 
     request: VadRequest
     stream: bool
-    windows: np.ndarray  # [chunks, 576]
+    windows: np.ndarray  # [chunks, 576]: framed, not yet processed
     h: Array  # [1, 128]
     c: Array
     trigger: StreamTrigger
     done: int = 0  # chunks processed
     probs: list[np.ndarray] = attrs.field(factory=list)  # run members: per-step blocks
+    feed: Feed | None = None
+    pending: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.float32))
+    context: np.ndarray = attrs.field(factory=lambda: np.zeros(model.CONTEXT, np.float32))
+    received: int = 0  # live: samples received so far
+    closed: bool = False  # live: the feed's close was taken (its last chunk is framed)
+
+    @property
+    def final(self) -> bool:
+        """Whether the last window framed is the member's last (a request's ``final``)."""
+        return self.closed if self.feed is not None else self.request.final
+
+    @property
+    def total(self) -> int:
+        """The samples the member has received (the request's, or a live feed's so far)."""
+        return self.received if self.feed is not None else len(self.request.audio)
 
     @property
     def finished(self) -> bool:
-        return self.done >= len(self.windows)
+        return not len(self.windows) and (self.feed is None or self.closed)
+
+    def take(self) -> None:
+        """A live member: frame what its owner pushed since the last take (every whole
+        chunk; once the feed is closed, the zero-padded partial chunk too)."""
+        if self.feed is None or self.closed:
+            return
+        pieces, closed = self.feed.take()
+        if not pieces and not closed:
+            return
+        new = [np.asarray(p, np.float32).reshape(-1) for p in pieces]
+        data = np.concatenate([self.pending, *new]) if new else self.pending
+        self.received += sum(len(p) for p in new)
+        self.frame(data, closed)
+
+    def frame(self, data: np.ndarray, closed: bool) -> None:
+        """Append the windows of ``data`` (pending samples first) to the backlog."""
+        framed = model.stream_frames(data, closed, self.context)
+        if len(framed):
+            self.context = framed[-1, -model.CONTEXT :].copy()
+            self.windows = np.concatenate([self.windows, framed]) if len(self.windows) else framed
+        self.pending = data[len(framed) * model.CHUNK :].copy()
+        self.closed = closed
 
 
 class SileroVadEngine:
@@ -77,21 +125,43 @@ class SileroVadEngine:
     def max_batch(self) -> int:
         return self._max_batch
 
+    @property
+    def live_input(self) -> bool:
+        """Live members (a :class:`~core.engine.Feed`) are welcome (see the module doc)."""
+        return True
+
     def join(self, members: Sequence[Member]) -> list[Emitted]:
         """Validate and frame each member; one with no chunk at all is done at once."""
         return join_each(members, self._join_one)
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
-        """Up to :data:`STEP_CHUNKS` chunks for every member in ``keys``, in one forward."""
-        rows = {k: self._rows[k] for k in keys if k in self._rows and not self._rows[k].finished}
+        """Up to :data:`STEP_CHUNKS` chunks for every member in ``keys``, in one forward; a
+        live member first takes its new audio, and sits out with no whole chunk to process."""
+        taken: dict[int, BaseException] = {}
+        for key in keys:
+            row = self._rows.get(key)
+            if row is not None and row.feed is not None:
+                try:
+                    row.take()
+                except Exception as error:  # this member only
+                    taken[key] = error
+        rows = {
+            k: self._rows[k]
+            for k in keys
+            if k in self._rows and k not in taken and len(self._rows[k].windows)
+        }
         probs = self._forward(rows)
         out = []
         for key in keys:
-            row = rows.get(key)
-            if row is None:
+            row = self._rows.get(key)
+            live = row is not None and row.feed is not None
+            if key in taken:
+                out.append(Emitted(key, error=taken[key]))
+                continue
+            if row is None or (key not in rows and not live):
                 out.append(Emitted(key, error=KeyError(f"silero_vad: no active member {key}")))
                 continue
-            result = probs[key]
+            result = probs.get(key, np.zeros(0, np.float32))
             if isinstance(result, BaseException):
                 out.append(Emitted(key, error=result))
                 continue
@@ -117,6 +187,8 @@ class SileroVadEngine:
         if not 0 <= member.key < self._max_batch or member.key in self._rows:
             raise ValueError(f"silero_vad: key {member.key} is out of range or in use")
         request = checked_request(member.request, offline=not member.stream)
+        if member.feed is not None:
+            return self._admit_live(member, request)
         if member.stream:
             windows = model.stream_frames(
                 request.audio, request.final, np.zeros(model.CONTEXT, np.float32)
@@ -132,6 +204,28 @@ class SileroVadEngine:
             be.zeros((1, model.HIDDEN)),
             StreamTrigger(request.options),
         )
+
+    def _admit_live(self, member: Member, request: VadRequest) -> _Row:
+        """A live member: its request's audio (often none) is the first piece; the feed's
+        pieces follow at each step."""
+        if not member.stream or request.continue_stream:
+            raise ValueError("silero_vad: a live member is a fresh stream (stream, no continue)")
+        be, feed = self.backend, member.feed
+        assert feed is not None
+        row = _Row(
+            request,
+            True,
+            np.zeros((0, model.WINDOW), np.float32),
+            be.zeros((1, model.HIDDEN)),
+            be.zeros((1, model.HIDDEN)),
+            StreamTrigger(request.options),
+            feed=feed,
+            received=len(request.audio),
+        )
+        row.frame(request.audio, False)
+        row.take()
+        feed.hold(bool(len(row.windows)))
+        return row
 
     def _forward(self, rows: dict[int, _Row]) -> dict[int, np.ndarray | BaseException]:
         """The next block's probabilities per member; a member whose forward fails gets its error.
@@ -153,9 +247,31 @@ class SileroVadEngine:
             return out
 
     def _forward_rows(self, rows: list[_Row]) -> list[np.ndarray]:
+        """Every row's next block, in one batched forward per block length that must be exact
+        at its end; updates each row's state.
+
+        A block shorter than the longest is zero-padded, and the LSTM walks on over the
+        padding: harmless for a member that ends with that block, not for a live member
+        that goes on. So live rows with a shorter block run in a forward of their own
+        length (in real time every live block is one chunk long: one forward).
+        """
+        longest = max(len(row.windows[:STEP_CHUNKS]) for row in rows)
+        groups: dict[int, list[int]] = {}
+        for j, row in enumerate(rows):
+            length = len(row.windows[:STEP_CHUNKS])
+            groups.setdefault(length if row.feed is not None else longest, []).append(j)
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        for length in sorted(groups, reverse=True):
+            members = groups[length]
+            forward = self._forward_group([rows[j] for j in members])
+            for j, probs in zip(members, forward, strict=True):
+                out[j] = probs
+        return out
+
+    def _forward_group(self, rows: list[_Row]) -> list[np.ndarray]:
         """One batched forward of every row's next block; updates each row's state."""
         be, w = self.backend, self.weights
-        blocks = [row.windows[row.done : row.done + STEP_CHUNKS] for row in rows]
+        blocks = [row.windows[:STEP_CHUNKS] for row in rows]
         steps = max(len(b) for b in blocks)
         h = rows[0].h if len(rows) == 1 else be.concat([row.h for row in rows], 0)
         c = rows[0].c if len(rows) == 1 else be.concat([row.c for row in rows], 0)
@@ -166,6 +282,9 @@ class SileroVadEngine:
         for j, (row, block) in enumerate(zip(rows, blocks, strict=True)):
             row.h, row.c = be.slice(h, 0, j, j + 1), be.slice(c, 0, j, j + 1)
             row.done += len(block)
+            row.windows = row.windows[len(block) :]
+            if row.feed is not None:
+                row.feed.hold(bool(len(row.windows)))
             out.append(np.array(host[: len(block), j], dtype=np.float32))
         return out
 
@@ -183,12 +302,12 @@ class SileroVadEngine:
 
     def _chunks(self, row: _Row, probs: list[float]) -> tuple[VadChunk, ...]:
         """The stream chunks of the block that ended at chunk ``row.done``."""
-        total = len(row.request.audio)
+        total = row.total
         first = row.done - len(probs)
         chunks = []
         for i, prob in enumerate(probs):
             index = first + i
-            last = row.request.final and index == len(row.windows) - 1
+            last = row.final and index == row.done + len(row.windows) - 1
             end = (index + 1) * model.CHUNK
             events = chunk_events(row.trigger, float(prob), end, total, last)
             chunks.append(VadChunk(index, index * model.CHUNK, float(prob), events))

@@ -22,6 +22,12 @@ Guarantees kept from the unbatched path:
   lease is released, so a slot is never reused under a member still decoding;
 * one member's failure ends that member only; an engine error in a step fails
   the members of that step, never the driver.
+
+Live members (a :class:`~core.engine.Feed`, input arriving while they run) step
+only when their feed is ready; when every active member waits for input and
+nothing joins or finishes, the decode task sleeps until a push, a launch or an
+abort wakes it (no empty steps, no spinning). Each owner is woken only when its
+own member produced, ended or failed.
 """
 
 from __future__ import annotations
@@ -49,8 +55,9 @@ from core.batching import (
     StepPlan,
     WaitUntil,
 )
-from core.engine import BatchEngine, Emitted, Member
-from core.events import TraceRecord
+from core.engine import BatchEngine, Emitted, Feed, LiveInputEngine, Member
+from core.events import Reason, TraceRecord
+from server.runtime.errors import InvalidRequestError
 from server.runtime.ports import BatchingProvider, Clock
 
 log = logging.getLogger("voxpool.runtime")
@@ -88,6 +95,7 @@ class BatchDriver:
         self._errors: dict[SlotHandle, BaseException] = {}
         self._in_engine: set[SlotHandle] = set()
         self._progress = anyio.Event()
+        self._signals: dict[SlotHandle, anyio.Event] = {}
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
         self._scope: anyio.CancelScope | None = None
@@ -108,19 +116,29 @@ class BatchDriver:
         return results[0]
 
     @asynccontextmanager
-    async def member(self, request: Any, *, stream: bool) -> AsyncIterator[AsyncIterator[Any]]:
+    async def member(
+        self, request: Any, *, stream: bool, feed: Feed | None = None
+    ) -> AsyncIterator[AsyncIterator[Any]]:
         """Hold one batch slot for the block: its chunks as they are decoded.
 
         Leaving the block early aborts the member; either way the block ends only
-        after the member has left the engine and its slot was released.
+        after the member has left the engine and its slot was released. ``feed``:
+        a live member, whose input the owner pushes while it runs (refused,
+        before launching, by an engine that takes no live input).
         """
+        if feed is not None:
+            if not (isinstance(self.engine, LiveInputEngine) and self.engine.live_input):
+                raise InvalidRequestError(
+                    Reason.INVALID_STATE, f"model '{self.model}' takes no live input"
+                )
+            feed.on_push = self._poke
         launched = self.scheduler.launch(request_id=None, now=self.clock.now())
         if not isinstance(launched, Launched):
             # admission leases at most max_batch holders, so this is a bug
             self.violation(f"'{self.model}': batch launch refused with a slot leased")
             raise BatchMemberFailed(launched.message)
         handle = launched.handle
-        self._requests[handle] = Member(handle.slot, request, stream)
+        self._requests[handle] = Member(handle.slot, request, stream, feed)
         self._wake.set()
         try:
             yield self._chunks(handle)
@@ -130,14 +148,19 @@ class BatchDriver:
 
     async def _chunks(self, handle: SlotHandle) -> AsyncIterator[Any]:
         """The member's chunks as the owner reads them; cancellation (a client gone, a stream
-        cancelled) lands between chunks, even among chunks one step queued at once."""
+        cancelled) lands between chunks, even among chunks one step queued at once (a chunk
+        read after waiting needs no check: the wait was one)."""
+        waited = False
         while True:
             got = self.scheduler.read(handle)
             if isinstance(got, Chunk):
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                if not waited:
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                waited = False
                 yield got.data
             elif isinstance(got, NotReady):
-                await self._progress.wait()
+                await self._signals.setdefault(handle, anyio.Event()).wait()
+                waited = True
             elif isinstance(got, EndOfStream):
                 return
             elif isinstance(got, Failed):
@@ -157,6 +180,7 @@ class BatchDriver:
             self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
+        self._signals.pop(handle, None)
 
     def _live(self, handle: SlotHandle) -> bool:
         """Whether the member may still decode: the engine holds it, or it has not finished."""
@@ -186,7 +210,9 @@ class BatchDriver:
                     plan = self.scheduler.poll(self.clock.now())
                     if isinstance(plan, StepPlan):
                         with anyio.CancelScope(shield=True):
-                            await self._carry_out(plan)
+                            did = await self._carry_out(plan)
+                        if not did:  # live members only, none with new input
+                            await self._idle(Idle())
                     else:
                         await self._idle(plan)
         finally:
@@ -217,8 +243,10 @@ class BatchDriver:
                 await self.clock.sleep_until(plan.deadline)
                 tg.cancel_scope.cancel()
 
-    async def _carry_out(self, plan: StepPlan) -> None:
-        """Finish, join, step: the plan's commands, in that order."""
+    async def _carry_out(self, plan: StepPlan) -> bool:
+        """Finish, join, step: the plan's commands, in that order. The step advances the
+        active members that are ready (a live member waits for input); False when there was
+        nothing to do at all: nothing finished or joined and no active member was ready."""
         for finish in plan.finish:
             await self._leave(finish.handle)
             self.scheduler.tail_done(finish.handle)
@@ -228,12 +256,25 @@ class BatchDriver:
             emitted = await self._engine_call(plan.join, self.calls.join, joiners)
             await self._deliver(plan.join, emitted)
         active = tuple(h for h in plan.advance if self._active(h))
-        self._record(plan, active)
-        if active:
+        ready = tuple(h for h in active if self._ready(h))
+        if active and not (ready or plan.join or plan.finish):
+            return False
+        self._record(plan, ready)
+        if ready:
             self.steps += 1
-            keys = [h.slot for h in active]
-            await self._deliver(active, await self._engine_call(active, self.calls.step, keys))
-        self._notify()
+            keys = [h.slot for h in ready]
+            await self._deliver(ready, await self._engine_call(ready, self.calls.step, keys))
+        self._notify((*(f.handle for f in plan.finish), *plan.join, *ready))
+        return True
+
+    def _ready(self, handle: SlotHandle) -> bool:
+        """Whether an active member can advance now: not live, or its feed has input."""
+        feed = self._requests[handle].feed
+        return feed is None or feed.ready
+
+    def _poke(self) -> None:
+        """A live member's owner pushed input (or closed its feed): wake the decode task."""
+        self._wake.set()
 
     def _record(self, plan: StepPlan, active: Sequence[SlotHandle]) -> None:
         """Trace the step boundary as a typed record (metrics count steps and members)."""
@@ -290,6 +331,12 @@ class BatchDriver:
             log.exception("leaving the batch of '%s' failed", self.model)
         self._in_engine.discard(handle)
 
-    def _notify(self) -> None:
+    def _notify(self, handles: Sequence[SlotHandle]) -> None:
+        """Wake the owners of ``handles`` (their members produced, ended or failed) and
+        whoever waits for any step (owners waiting for their member to leave)."""
+        for handle in handles:
+            signal = self._signals.pop(handle, None)
+            if signal is not None:
+                signal.set()
         self._progress.set()
         self._progress = anyio.Event()

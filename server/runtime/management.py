@@ -22,7 +22,7 @@ from core.events import Reason, busy_message
 from core.lease import Lease
 from core.lifecycle import Proceed, Teardown, WaitLoad
 from core.policy import SLOTS_REQUIRE_PARALLEL_MESSAGE, Invalid, RuntimeKind, validate_slots
-from core.pool import MAX_PARALLEL_SESSIONS, capacity_message
+from core.pool import MAX_BATCH_SLOTS, MAX_PARALLEL_SESSIONS, capacity_message
 from core.registry import ModelStatus, Registered
 from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.ports import ModelSpec
@@ -135,7 +135,7 @@ class Management:
         concurrent registration of the same id queues behind this one. A failed
         load leaves the entry registered and unloaded, for a later retry.
         """
-        check = validate_slots(spec.slots)
+        check = validate_slots(spec.slots, batching=spec.batching)
         if isinstance(check, Invalid):
             raise InvalidRequestError(check.reason, check.message)
         if self.rt.config.kind is RuntimeKind.ORIGINAL and spec.slots != 1:
@@ -159,7 +159,7 @@ class Management:
         keeps the old working pool. After commit the old pool is torn down and the
         new one loaded; a failure then leaves the new configuration unloaded.
         """
-        check = validate_slots(spec.slots)
+        check = validate_slots(spec.slots, batching=spec.batching)
         if isinstance(check, Invalid):  # before any lease: an invalid count changes nothing
             raise InvalidRequestError(check.reason, check.message)
         async with self.manage(spec.id) as lease:
@@ -212,6 +212,8 @@ class Management:
         """The capacity the new configuration would advertise, without touching the live pool."""
         if new.slots == 1:
             return 1
+        if new.batching:  # its slots are engine rows (one primary session), bounded by policy
+            return MAX_BATCH_SLOTS
         live = self.rt.pools.get(old.id)
         if live is not None and old.session_key() == new.session_key():
             return live.pool.capacity

@@ -30,6 +30,7 @@ import anyio.lowlevel
 import attrs
 
 from core.admission import Granted, Queued, Rejected, RetryAfter, Wakeups
+from core.engine import Feed
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
@@ -45,7 +46,7 @@ from core.recorder import Core
 from core.registry import ModelStatus, Registered
 from core.residency import Eviction, RoomDecision
 from server.runtime.batch_driver import BatchDriver
-from server.runtime.errors import BusyError, LoadError, NotFoundError
+from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.management import BulkResult, Management
 from server.runtime.ports import (
     BatchingProvider,
@@ -383,6 +384,8 @@ class Runtime:
                 f"ticket {lease.ticket} bound generation {lease.generation} "
                 f"but the pool is {live.generation}"
             )
+        if live.spec.batching:  # its slots are engine rows; the pool is the primary alone
+            return live.pool.primary
         return live.pool.at(lease.request_slot())
 
     async def load(self, model: str, start: StartLoad) -> None:
@@ -411,7 +414,8 @@ class Runtime:
         except Exception as exc:
             raise LoadError(Reason.LOAD_FAILED, f"cannot load model '{spec.id}': {exc}") from exc
         try:
-            builder = PoolBuilder.for_factory(factory, spec.slots)
+            # a batching model's slots are rows of its engine, not sessions: one primary
+            builder = PoolBuilder.for_factory(factory, 1 if spec.batching else spec.slots)
             action = builder.next_action()
             while True:
                 if isinstance(action, Publish):
@@ -454,7 +458,7 @@ class Runtime:
         try:
             if not isinstance(provider, BatchingProvider):
                 raise ValueError("this runtime's model provider cannot batch")
-            engine = await provider.engine(live.factory, live.pool.size)
+            engine = await provider.engine(live.factory, spec.slots)
         except Exception as exc:
             await self.close_all(live.pool.teardown_order())
             await self.provider.release(spec, live.factory)
@@ -523,8 +527,13 @@ class Runtime:
         return result
 
     async def batch_on(self, held: Held, requests: Sequence[Any]) -> list[Any]:
-        """Run a native batch on a held session (shielded)."""
+        """Run a native batch on a held session (shielded). A ``batching`` model's leases
+        share its one session (the primary), so their native batches take turns on it."""
         with anyio.CancelScope(shield=True):
+            live = self.pools[held.model]
+            if live.spec.batching:
+                async with live.session_lock:
+                    return await self.provider.batch(held.session, requests)
             results = await self.provider.batch(held.session, requests)
         return results
 
@@ -542,18 +551,32 @@ class Runtime:
 
     @asynccontextmanager
     async def open_stream(
-        self, model: str, request: Any, timeout_ms: int | None = None
+        self,
+        model: str,
+        request: Any,
+        timeout_ms: int | None = None,
+        *,
+        feed: Feed | None = None,
     ) -> AsyncIterator[AsyncIterator[Any]]:
         """Hold a lease for a whole stream: enter before the response starts, iterate, exit.
 
         Each chunk is produced shielded; cancellation (a client gone, a stream
         cancelled) takes effect between chunks. Leaving the block, with or
         without consuming every chunk, resets the session and releases the lease.
+
+        ``feed``: a live stream, whose input the caller pushes into the feed while
+        it reads the chunks (and closes it at the end); only a ``batching`` model
+        whose engine takes live input accepts one (InvalidRequestError otherwise,
+        before any lease).
         """
+        if feed is not None and not self.spec(model).batching:
+            raise InvalidRequestError(
+                Reason.INVALID_STATE, f"model '{model}' takes live input only with batching"
+            )
         async with self.acquire(model, timeout_ms) as held:
             driver = self.pools[model].driver
             if driver is not None:
-                async with driver.member(request, stream=True) as members_chunks:
+                async with driver.member(request, stream=True, feed=feed) as members_chunks:
                     yield members_chunks
                 return
             chunks = self.provider.stream(held.session, request)

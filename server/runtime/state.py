@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import attrs
 
 from core.policy import RuntimeKind, ms_to_seconds
@@ -39,10 +40,12 @@ class RuntimeConfig:
 @attrs.define
 class LivePool:
     """A published pool with the weights it was built on, its generation and, for a
-    ``batching`` model, the decode task that runs its batch."""
+    ``batching`` model, the decode task that runs its batch (its pool is the primary alone,
+    which its leases' native batches share, one at a time under ``session_lock``)."""
 
     pool: SessionPool
     factory: SessionFactory
     spec: ModelSpec
     generation: int
     driver: BatchDriver | None = None
+    session_lock: anyio.Lock = attrs.field(factory=anyio.Lock)

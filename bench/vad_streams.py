@@ -1,0 +1,212 @@
+"""Silero VAD live streams through the runtime (issue #14): sustained streams vs chunk latency.
+
+Each stream is a *live member* of one batched ``silero_vad`` model: its owner opens
+``Runtime.open_stream(model, VadRequest(empty), feed=feed)`` and reads the
+:class:`VadChunk` s as they come, while a paced feeder pushes the stream's next 512
+samples (32 ms) into its :class:`core.engine.Feed` every 32 ms of wall time. The
+streams' phases are spread evenly over the 32 ms period (as independent clients
+would be); one feeder task keeps every stream's own schedule (one task per
+stream would measure the event loop's timers, not the runtime). The runtime is
+in-process: the production :class:`~server.provider.ThreadedProvider` with the
+server's ``threads: "auto"`` policy on ``--threads`` cores, the real Silero
+weights, the model registered with ``batching: true`` and one slot per stream.
+
+*Chunk latency* is measured from the moment a chunk's last sample was due (its
+scheduled push, so a feeder that falls behind counts against us) to the moment
+its owner reads that chunk's result. The first second of every run is warm-up
+and not counted. A stream count is *sustained* when the p99 latency stays under
+32 ms (one chunk period: the backlog cannot grow).
+
+onnxruntime, in the same run on the same threads: silero's ONNX graph run once
+per 32 ms tick over B rows (input ``[B, 576]``, state ``[2, B, 128]``), B
+streams batched; its chunk latency is the run's time (no runtime, no feeder),
+and B is sustained when the p99 run time is under 32 ms.
+
+Run: ``.venv/bin/python bench/vad_streams.py --streams 100,400,800,1100 --seconds 8``
+(``--ort 100,400,800,1100,1400`` for the onnxruntime rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+# run as a script, bench/ comes first on the path and its backends.py would hide the package
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+from bench.common import markdown_table  # noqa: E402
+
+RATE = 16000
+CHUNK = 512
+PERIOD = CHUNK / RATE  # 32 ms
+WARMUP_S = 1.0
+MODEL = "vad"
+
+
+def _audio(seconds: float) -> np.ndarray:
+    """The speech mix fixture, repeated to ``seconds`` plus one period."""
+    from server.families.data import read_wav
+    from server.families.silero_vad import MIX
+
+    mix = np.asarray(read_wav(MIX), np.float32)
+    need = int((seconds + 1) * RATE)
+    return np.tile(mix, -(-need // len(mix)))[:need]
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max, in ms."""
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return 1e3 * statistics.median(ordered), 1e3 * p99, 1e3 * ordered[-1]
+
+
+def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
+    """``streams`` live 32 ms streams for ``seconds`` through the runtime; one table row."""
+    import anyio
+
+    from backends.silero_vad import VadRequest
+    from core.engine import Feed
+    from server.blas import AdaptiveThreads
+    from server.provider import ThreadedProvider
+    from server.runtime import ModelSpec, Runtime, RuntimeConfig
+
+    audio = _audio(seconds)
+    ticks = int(seconds / PERIOD)
+    offsets = [(i * 7919) % (len(audio) - ticks * CHUNK) for i in range(streams)]
+    phases = [PERIOD * i / streams for i in range(streams)]
+    latencies: list[float] = []
+
+    async def main() -> dict[str, Any]:
+        provider = ThreadedProvider(threads=AdaptiveThreads(threads))
+        rt = Runtime(provider, RuntimeConfig(busy_timeout_ms=0))
+        rt.add_model(ModelSpec(MODEL, "silero_vad", task="vad", slots=streams, batching=True))
+        feeds = [Feed() for _ in range(streams)]
+        due: list[float] = [0.0] * streams  # when each stream's first chunk is due
+        async with rt:
+            await rt.load_model(MODEL)
+            driver = rt.drivers[MODEL]
+
+            async def own(i: int) -> None:
+                request = VadRequest(np.zeros(0, np.float32))
+                async with rt.open_stream(MODEL, request, feed=feeds[i]) as chunks:
+                    async for chunk in chunks:
+                        now = time.monotonic()  # the loop's clock, without anyio's lookup
+                        scheduled = due[i] + chunk.index * PERIOD
+                        if chunk.index * PERIOD >= WARMUP_S and chunk.index < ticks:
+                            latencies.append(now - scheduled)
+
+            async def feed_all(start: float) -> None:
+                order = sorted(range(streams), key=lambda i: phases[i])
+                for i in order:
+                    due[i] = start + phases[i] + PERIOD
+                for k in range(ticks):
+                    for i in order:
+                        at = due[i] + k * PERIOD
+                        if time.monotonic() < at:
+                            await anyio.sleep_until(at)
+                        lo = offsets[i] + k * CHUNK
+                        feeds[i].push(audio[lo : lo + CHUNK])
+                for feed in feeds:
+                    feed.close()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(streams):
+                    tg.start_soon(own, i)
+                while driver.members < streams:  # every stream is open before the audio starts
+                    await anyio.sleep(0.01)
+                steps0, cpu0, wall0 = driver.steps, time.process_time(), time.perf_counter()
+                await feed_all(anyio.current_time() + 0.05)
+            steps = driver.steps - steps0
+            cpu = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
+        p50, p99, worst = _percentiles(latencies)
+        return {
+            "impl": f"voxpool runtime, batched ({threads} BLAS threads)",
+            "streams": streams,
+            "chunks timed": len(latencies),
+            "p50 ms": round(p50, 1),
+            "p99 ms": round(p99, 1),
+            "max ms": round(worst, 1),
+            "steps/s": round(steps / wall, 1),
+            "chunks/step": round(streams * ticks / max(steps, 1), 1),
+            "CPU": f"{cpu / wall:.2f} cores",
+            "sustained": "yes" if p99 < PERIOD * 1e3 else "no",
+        }
+
+    return anyio.run(main)
+
+
+def run_ort(batch: int, threads: int, runs: int = 100) -> dict[str, Any]:
+    """onnxruntime: one batched run of ``batch`` rows per tick, ``runs`` ticks; one table row."""
+    import onnxruntime as ort
+
+    from backends.silero_vad.weights import ONNX_FILE, package_file
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(
+        str(package_file(ONNX_FILE)), providers=["CPUExecutionProvider"], sess_options=opts
+    )
+    audio = _audio(runs * PERIOD + 1)
+    state = np.zeros((2, batch, 128), np.float32)
+    context = np.zeros((batch, 64), np.float32)
+    sr = np.array(RATE, dtype=np.int64)
+    offsets = (np.arange(batch) * 7919) % (len(audio) - (runs + 6) * CHUNK)
+    times = []
+    for k in range(runs + 5):
+        chunk = np.stack([audio[o + k * CHUNK : o + (k + 1) * CHUNK] for o in offsets])
+        window = np.concatenate([context, chunk], axis=1)
+        t = time.perf_counter()
+        _, state = sess.run(None, {"input": window, "state": state, "sr": sr})
+        if k >= 5:  # warm-up
+            times.append(time.perf_counter() - t)
+        context = window[:, -64:]
+    p50, p99, worst = _percentiles(times)
+    return {
+        "impl": f"onnxruntime batched run ({threads} threads)",
+        "streams": batch,
+        "chunks timed": batch * runs,
+        "p50 ms": round(p50, 1),
+        "p99 ms": round(p99, 1),
+        "max ms": round(worst, 1),
+        "steps/s": "",
+        "chunks/step": batch,
+        "CPU": "",
+        "sustained": "yes" if p99 < PERIOD * 1e3 else "no",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", default="100,400,800,1100", help="stream counts to run")
+    parser.add_argument("--ort", default="100,400,800,1100,1400", help="onnxruntime batch sizes")
+    parser.add_argument("--seconds", type=float, default=8.0, help="audio per stream")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="cores: onnxruntime's and our BLAS threads"
+    )
+    args = parser.parse_args(argv)
+    print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
+    rows = []
+    for n in (int(x) for x in args.ort.split(",") if x):
+        rows.append(run_ort(n, args.threads))
+        print(rows[-1], flush=True)
+    for n in (int(x) for x in args.streams.split(",") if x):
+        rows.append(run_streams(n, args.seconds, args.threads))
+        print(rows[-1], flush=True)
+    print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    print(markdown_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
