@@ -7,8 +7,8 @@ and the config file that ``voxpool ray config`` writes names it
 is and how many replicas to run.
 
 The numbers Ray routes and scales by come from the voxpool config
-(:func:`limits`): a replica takes at most its slots plus its queue bound
-(``max_ongoing_requests``), and the autoscaler aims at every slot busy
+(:func:`limits`): a replica takes at most its models' slots plus their queue
+bounds (``max_ongoing_requests``), and the autoscaler aims at every slot busy
 (``target_ongoing_requests``).
 """
 
@@ -77,16 +77,16 @@ class Limits:
 
 
 def limits(config: ServerConfig) -> Limits:
-    """A replica's bounds from its config.
+    """A replica's bounds from its config: what its models can run and hold queued.
 
-    Slots are every model's slots (one per model on the original, serial runtime); the
-    queue bound is ``max_queue``, or as many again as the slots when the
-    config leaves the queue unbounded (Ray needs a finite number).
+    Each model contributes its slots (one on the original, serial runtime)
+    and its queue bound (``max_queue`` is per model; when the config leaves
+    it unbounded, as many again as the slots: Ray needs a finite number).
     """
     serial = config.runtime is RuntimeKind.ORIGINAL
-    slots = sum(1 if serial else model.slots for model in config.models) or 1
-    queue = config.max_queue if config.max_queue is not None else slots
-    return Limits(max_ongoing_requests=slots + queue, target_ongoing_requests=slots)
+    slots = [1 if serial else model.slots for model in config.models] or [1]
+    queued = sum(config.max_queue if config.max_queue is not None else n for n in slots)
+    return Limits(max_ongoing_requests=sum(slots) + queued, target_ongoing_requests=sum(slots))
 
 
 def deployment_options(args: RayArgs, config: ServerConfig) -> dict[str, Any]:

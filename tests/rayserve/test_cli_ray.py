@@ -53,20 +53,15 @@ def test_the_built_application_takes_its_numbers_from_the_voxpool_config() -> No
 
     args = RayArgs(config=json.loads(FLEET.read_text()), min_replicas=2, max_replicas=5)
     bounds = limits(args.server_config())
-    assert (bounds.max_ongoing_requests, bounds.target_ongoing_requests) == (
-        4,
-        2,
-    )  # 2 slots, queue 2
+    # two models of one slot and a queue of 2 each
+    assert (bounds.max_ongoing_requests, bounds.target_ongoing_requests) == (6, 2)
     app = build(args)
     models = app._bound_deployment.init_args[0]._bound_deployment  # the model deployment
     assert models.name == MODELS
-    assert models.max_ongoing_requests == 4
+    assert models.max_ongoing_requests == 6
     scaling = models._deployment_config.autoscaling_config
-    assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (
-        2,
-        5,
-        2,
-    )
+    bounds_seen = (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests)
+    assert bounds_seen == (2, 5, 2)
 
 
 def test_a_kuberay_manifest_carries_the_same_serve_config(tmp_path: Path) -> None:
