@@ -65,6 +65,11 @@ log = logging.getLogger("voxpool.runtime")
 COLLECTION_WINDOW_S = 0.002
 """How long a batch waits, when nothing runs, for simultaneous arrivals to start together."""
 
+LIVE_WINDOW_S = 0.004
+"""How long a step of live members waits, once one is ready, for the others' input: live
+streams arrive at their own phases, and stepping at every push would run many tiny steps (each
+with its fixed cost) instead of a few large ones. At most this much latency is added."""
+
 
 class BatchMemberFailed(RuntimeError):
     """A member failed without an exception of its own (should not happen; kept for safety)."""
@@ -83,6 +88,7 @@ class BatchDriver:
         violation: Callable[[str], None],
         trace: Callable[[TraceRecord], None] | None = None,
         window: float = COLLECTION_WINDOW_S,
+        live_window: float = LIVE_WINDOW_S,
     ) -> None:
         self.model = model
         self.engine = engine
@@ -91,6 +97,7 @@ class BatchDriver:
         self.violation = violation
         self.trace = trace
         self.scheduler: BatchScheduler[Any] = BatchScheduler(engine.max_batch, window=window)
+        self.live_window = live_window
         self._requests: dict[SlotHandle, Member] = {}
         self._errors: dict[SlotHandle, BaseException] = {}
         self._in_engine: set[SlotHandle] = set()
@@ -209,6 +216,7 @@ class BatchDriver:
                 while True:
                     plan = self.scheduler.poll(self.clock.now())
                     if isinstance(plan, StepPlan):
+                        await self._gather(plan)
                         with anyio.CancelScope(shield=True):
                             did = await self._carry_out(plan)
                         if not did:  # live members only, none with new input
@@ -266,6 +274,19 @@ class BatchDriver:
             await self._deliver(ready, await self._engine_call(ready, self.calls.step, keys))
         self._notify((*(f.handle for f in plan.finish), *plan.join, *ready))
         return True
+
+    async def _gather(self, plan: StepPlan) -> None:
+        """Before a step of live members only (nothing joins or finishes): once one is ready
+        and another is not, wait :attr:`live_window` for the others' input, so that they step
+        together. Cancellation (the driver stopping) may land here: nothing was done yet."""
+        if plan.join or plan.finish or self.live_window <= 0:
+            return
+        active = [h for h in plan.advance if self._active(h)]
+        live = [h for h in active if self._requests[h].feed is not None]
+        if not live or not any(self._ready(h) for h in active):
+            return
+        if not all(self._ready(h) for h in live):
+            await self.clock.sleep_until(self.clock.now() + self.live_window)
 
     def _ready(self, handle: SlotHandle) -> bool:
         """Whether an active member can advance now: not live, or its feed has input."""
