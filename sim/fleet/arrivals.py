@@ -11,6 +11,7 @@ over replica counts compares like with like).
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 
@@ -54,10 +55,15 @@ def arrivals(workload: Workload, seed: int) -> Iterator[Arrival]:
     t = 0.0
     n = 0
     end = workload.duration_s
+    cum: list[float] = []
+    total = 0.0
+    cum_phase = -1
     while cap is None or n < cap:
-        rates = _rates_at(workload, phase)
-        weights = [rates[i] for i in ids]
-        total = sum(weights)
+        if cum_phase != phase:  # the cumulative weights of the phase, once per phase
+            rates = _rates_at(workload, phase)
+            cum = list(itertools.accumulate(rates[i] for i in ids))
+            total = cum[-1]
+            cum_phase = phase
         next_boundary = boundaries[phase] if phase < len(boundaries) else None
         if total <= 0.0:
             if next_boundary is None:
@@ -73,6 +79,6 @@ def arrivals(workload: Workload, seed: int) -> Iterator[Arrival]:
         t += gap
         if t >= end:
             return
-        model = rng.choices(ids, weights)[0]
+        model = rng.choices(ids, cum_weights=cum)[0]
         yield Arrival(n, t, model, durations[model].draw(rng))
         n += 1

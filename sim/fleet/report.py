@@ -124,6 +124,7 @@ def summary_lines(name: str, seed: int, s: FleetSummary) -> list[str]:
     lines += table(rows)
     lines.append("")
     lines.append(f"virtual time {s.end_time:.3f} s")
+    lines += [f"warning: {w}" for w in s.warnings]
     lines += violation_lines(s)
     return lines
 
@@ -192,6 +193,7 @@ def draw(
         for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
             top.plot(xs, [getattr(s.latency, q) for s in sweep], style, marker="o", label=q)
         top.set_xlabel("replicas")
+        top.set_xticks(xs)
         top.set_ylabel("latency (s)")
         top.set_yscale("log")
         twin = top.twinx()
@@ -246,6 +248,9 @@ def _residency(axes: Any, models: Sequence[str], s: FleetSummary) -> None:
     handles = [Rectangle((0, 0), 1, 1, color=colours[m]) for m in models[:20]]
     axes.legend(handles, list(models[:20]), loc="upper right", fontsize=6, ncol=5)
     axes.set_xlabel("virtual time (s)")
+    rids = sorted(s.residency)
+    if len(rids) <= 40:
+        axes.set_yticks(rids)
     axes.set_ylabel("replica")
     axes.set_title("models loaded per replica over time")
     axes.set_xlim(0, max(s.end_time, 1e-9))

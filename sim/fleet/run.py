@@ -83,6 +83,7 @@ class Fleet:
         self.dirty: list[Replica] = []  # replicas whose core state changed since the last step
         self.recorder = Recorder()
         self.violations: list[str] = []
+        self.warnings: list[str] = []
         self.steps = 0
         self.changed = trio.Event()  # replaced whenever the set of routable replicas changes
         self.scale: list[tuple[float, int]] = []
@@ -145,7 +146,7 @@ class Fleet:
         """Replica ``rid`` dies now; the controller starts a replacement (Ray keeps the target
         number of replicas)."""
         if rid >= len(self.replicas):
-            self.violations.append(f"event: no replica {rid} to kill")
+            self.warnings.append(f"t={self.clock.now():.6f} kill: there is no replica {rid}")
             return
         replica = self.replicas[rid]
         if replica.state not in (ReplicaState.STARTING, ReplicaState.RUNNING):
@@ -341,6 +342,19 @@ class Fleet:
             end_time=self.clock.now(),
             peak_replicas=self.peak,
             violations=tuple(self.violations),
+            warnings=tuple(self.warnings),
             residency={r.rid: tuple(r.residency) for r in self.replicas},
-            scale=tuple(self.scale),
+            scale=_last_per_instant(self.scale),
         )
+
+
+def _last_per_instant(changes: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
+    """The running-replica count at each instant it changed (several changes at one instant,
+    such as the initial fleet starting: the last one)."""
+    out: list[tuple[float, int]] = []
+    for t, n in changes:
+        if out and out[-1][0] == t:
+            out[-1] = (t, n)
+        else:
+            out.append((t, n))
+    return tuple(out)

@@ -77,6 +77,7 @@ class FleetSummary:
     violations: tuple[str, ...]
     residency: dict[int, tuple[tuple[float, tuple[str, ...]], ...]]
     scale: tuple[tuple[float, int], ...]  # (time, running replicas) whenever it changed
+    warnings: tuple[str, ...] = ()  # events that could not happen (a kill of no replica)
 
     @property
     def busy_rate(self) -> float:

@@ -288,3 +288,19 @@ def test_cli_errors_exit_2(tmp_path: Path, small: Path, capsys: pytest.CaptureFi
     ns.workload, ns.sweep_replicas = str(small), "3..1"
     assert cmd_fleet.main(ns) == 2
     assert cmd_fleet.parse_range("2..5") == (2, 5) and cmd_fleet.parse_range("4") == (4, 4)
+
+
+def test_a_kill_of_no_replica_is_a_warning_not_a_violation() -> None:
+    w = workload(ONE_MODEL + "[[events]]\nat = 1.0\nkill = 9\n")
+    s = run_fleet(w, 0)
+    assert not s.violations
+    assert s.warnings == ("t=1.000000 kill: there is no replica 9",)
+    assert "warning: t=1.000000 kill: there is no replica 9" in lines(s)
+
+
+def test_the_picture_is_the_same_bytes_for_the_same_run(tmp_path: Path) -> None:
+    w = workload(SMALL)
+    runs = [run_fleet(w.with_replicas(n), 1) for n in (1, 2)]
+    for name in ("a.png", "b.png"):
+        report.draw(tmp_path / name, ["a", "b"], runs[1], runs)
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
