@@ -9,11 +9,10 @@ here need only core state.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import attrs
 
 from core.admission import Admission
+from core.entry import ModelEntry
 from core.lease import LeaseKind
 from core.lifecycle import ModelState
 from core.policy import exceeds
@@ -97,41 +96,32 @@ def check_admission(adm: Admission, now: float) -> list[Violation]:
     return out
 
 
-def check_registry(
-    registry: Registry, now: float, models: Collection[str] | None = None
-) -> list[Violation]:
-    """Every core invariant over every model, plus residency (5) and initializers (7).
-
-    ``models`` limits the per-model checks to those ids (the models whose state
-    changed since the last check; None: every model); residency is always checked
-    over the whole registry.
-    """
+def check_entry(entry: ModelEntry, now: float) -> list[Violation]:
+    """Invariants 2, 3, 8 (admission), 4, 6 and 7 (lifecycle) on one model."""
     out: list[Violation] = []
-    for entry in registry.entries():
-        if models is not None and entry.id not in models:
-            continue
-        adm, life = entry.admission, entry.lifecycle
-        out.extend(check_admission(adm, now))
-        if (life.state is ModelState.LOADING) != (life.initializer is not None):
-            out.append(
-                Violation(
-                    7, entry.id, f"state {life.state.value} with initializer {life.initializer}"
-                )
-            )
-        if life.loads_published > life.loads_started:
-            out.append(Violation(7, entry.id, "more pools published than loads started"))
-        if (
-            life.state in (ModelState.READY, ModelState.RECONFIGURING)
-            and life.pool_generation is None
-        ):
-            out.append(Violation(7, entry.id, "ready without a published pool"))
-        if (
-            life.state in (ModelState.UNLOADING, ModelState.RECONFIGURING)
-            and adm.exclusive_ticket is None
-        ):
-            out.append(Violation(6, entry.id, f"{life.state.value} without the exclusive lease"))
-        if life.state is ModelState.READY and life.pool_generation != adm.generation:
-            out.append(Violation(4, entry.id, "ready pool is not of the current generation"))
+    adm, life = entry.admission, entry.lifecycle
+    out.extend(check_admission(adm, now))
+    if (life.state is ModelState.LOADING) != (life.initializer is not None):
+        out.append(
+            Violation(7, entry.id, f"state {life.state.value} with initializer {life.initializer}")
+        )
+    if life.loads_published > life.loads_started:
+        out.append(Violation(7, entry.id, "more pools published than loads started"))
+    if life.state in (ModelState.READY, ModelState.RECONFIGURING) and life.pool_generation is None:
+        out.append(Violation(7, entry.id, "ready without a published pool"))
+    if (
+        life.state in (ModelState.UNLOADING, ModelState.RECONFIGURING)
+        and adm.exclusive_ticket is None
+    ):
+        out.append(Violation(6, entry.id, f"{life.state.value} without the exclusive lease"))
+    if life.state is ModelState.READY and life.pool_generation != adm.generation:
+        out.append(Violation(4, entry.id, "ready pool is not of the current generation"))
+    return out
+
+
+def check_residency(registry: Registry) -> list[Violation]:
+    """Invariant 5: the resident models fit ``max_loaded_models`` and the memory budget."""
+    out: list[Violation] = []
     limits = registry.limits
     resident = [e for e in registry.entries() if e.resident]
     if exceeds(len(resident), limits.max_loaded_models):
@@ -145,6 +135,16 @@ def check_registry(
         )
     if exceeds(sum(e.memory_bytes for e in resident), limits.memory_budget):
         out.append(Violation(5, "*", "resident memory exceeds the budget"))
+    return out
+
+
+def check_registry(registry: Registry, now: float) -> list[Violation]:
+    """Every core invariant over every model (:func:`check_entry`), plus residency (5,
+    :func:`check_residency`)."""
+    out: list[Violation] = []
+    for entry in registry.entries():
+        out.extend(check_entry(entry, now))
+    out.extend(check_residency(registry))
     return out
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import trio
 
 from core.events import TraceRecord
-from core.invariants import check_quiescent, check_registry
+from core.invariants import check_entry, check_quiescent, check_registry, check_residency
 from core.lifecycle import ModelState
 from core.policy import RuntimeKind
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
@@ -29,6 +29,10 @@ LIFECYCLE_EVENTS = frozenset(
     {"load_succeeded", "load_failed", "begin_unload", "unload_finished", "begin_load"}
 )
 """Trace events after which the set of loaded models may have changed."""
+
+REQUEST_PATH = frozenset({"new_ticket", "request", "release", "cancel", "expire", "batch_step"})
+"""Decisions that change admission state only, never what is resident (nor does an
+``ensure_loaded`` that lets its holder proceed or wait): no residency check needed after them."""
 
 FLEET_FAMILY = "fake"
 
@@ -98,6 +102,7 @@ class Replica:
         self._violation = violation
         self.dirty = False
         self.dirty_models: set[str] = set()  # models whose core state changed since the check
+        self.residency_dirty = False  # a decision since the check may have changed residency
         self.loaded: tuple[str, ...] = ()
         self.inflight: dict[int, trio.CancelScope] = {}
         self.killed: dict[int, float] = {}  # request -> when its replica died under it
@@ -142,7 +147,12 @@ class Replica:
             self.on_dirty(self)
         if record.model:
             self.dirty_models.add(record.model)
-        if record.event in LIFECYCLE_EVENTS:
+        event = record.event
+        if event not in REQUEST_PATH and not (
+            event == "ensure_loaded" and record.fields.get("outcome") in ("proceed", "wait")
+        ):
+            self.residency_dirty = True
+        if event in LIFECYCLE_EVENTS:
             self.refresh_loaded()
 
     def refresh_loaded(self) -> None:
@@ -165,14 +175,26 @@ class Replica:
             self._violation(f"t={self.clock.now():.6f} replica {self.rid}: {text}")
 
     def check(self, everything: bool = False) -> None:
-        """The invariants over this replica's state (as sim.runner's quiescent step): the
-        models whose core state changed since the last check (``everything``: all models),
-        residency over the whole registry, and the runtime's and the fakes' books."""
-        models = None if everything else self.dirty_models
-        self.dirty = False
+        """The invariants over this replica's state (as sim.runner's quiescent step): each model
+        whose core state changed since the last check, residency if a decision since then may
+        have changed it (``everything``: every model and residency), and the runtime's and the
+        fakes' books."""
         rt = self.rt
-        violations = check_registry(rt.core.registry, self.clock.now(), models)
+        registry = rt.core.registry
+        now = self.clock.now()
+        if everything:
+            violations = check_registry(registry, now)
+        else:
+            violations = []
+            for model in sorted(self.dirty_models):
+                entry = registry.get(model)
+                if entry is not None:
+                    violations.extend(check_entry(entry, now))
+            if self.residency_dirty:
+                violations.extend(check_residency(registry))
+        self.dirty = False
         self.dirty_models = set()
+        self.residency_dirty = False
         for violation in violations:
             self.note(str(violation))
         for text in rt.violations:

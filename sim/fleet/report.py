@@ -89,34 +89,30 @@ retries, 503_queue the router's back-pressure refusals, failed the requests whos
 (or whose load failed), peak the most replicas running at once."""
 
 
+REPLICA_COLUMNS = (
+    "replica up_s down_s sent served p50_s p95_s p99_s 503s busy_rate failed loads".split()  # noqa: SIM905
+)
+"""The columns of a replica's row: sent counts each request the router sent it (a retried
+request on each replica it tried), 503s the busy answers it gave, busy_rate their share."""
+
+
 def summary_lines(name: str, seed: int, s: FleetSummary) -> list[str]:
     """The report of one run: the overall row, then one row per replica."""
     lines = [f"fleet: {name} (seed {seed})", ""]
     lines += table([OVERALL, overall_row(s)])
     lines.append("")
-    rows = [
-        [
-            "replica",
-            "up_s",
-            "down_s",
-            "served",
-            "p50_s",
-            "p95_s",
-            "p99_s",
-            "503s",
-            "failed",
-            "loads",
-        ]
-    ]
+    rows = [REPLICA_COLUMNS]
     for r in s.per_replica:
         rows.append(
             [
                 str(r.rid),
                 _t(r.started_at),
                 _t(r.stopped_at),
+                str(r.sent),
                 str(r.latency.count),
                 *_lat(r.latency),
                 str(r.busy_answers),
+                f"{r.busy_rate:.4f}",
                 str(r.failed),
                 str(r.loads),
             ]

@@ -108,7 +108,7 @@ class Fleet:
             self.clock,
             monitors=self.monitors,
             on_loaded=self._on_loaded,
-            on_dirty=self.dirty.append,
+            on_dirty=self._mark_dirty,
             violation=self.violations.append,
             runtime_factory=self.runtime_factory,
         )
@@ -116,6 +116,10 @@ class Fleet:
         assert self._replica_nursery is not None
         self._replica_nursery.start_soon(replica.serve, start_time, self._on_running)
         return replica
+
+    def _mark_dirty(self, replica: Replica) -> None:
+        """``replica``'s core state changed: check it at the next quiescent step."""
+        self.dirty.append(replica)
 
     def _on_running(self, replica: Replica) -> None:
         self.router.add(replica.rid)
@@ -298,6 +302,7 @@ class Fleet:
         replica = self.replicas[rid]
         router = self.router
         router.sent(rid)
+        self.recorder.sent_to(rid)
         outcome = OK
         with trio.CancelScope() as scope:
             replica.inflight[a.n] = scope
@@ -326,6 +331,7 @@ class Fleet:
                 ReplicaSummary(
                     r.rid,
                     Latencies.of(rec.by_replica.get(r.rid, ())),
+                    rec.sent.get(r.rid, 0),
                     rec.busy_answers.get(r.rid, 0),
                     rec.failed.get(r.rid, 0),
                     sum(r.provider.loads.values()),

@@ -56,11 +56,17 @@ class ReplicaSummary:
 
     rid: int
     latency: Latencies
+    sent: int  # requests the router sent it (a retried request counts on each replica)
     busy_answers: int
     failed: int
     loads: int
     started_at: float | None
     stopped_at: float | None
+
+    @property
+    def busy_rate(self) -> float:
+        """503s it answered, over the requests sent to it."""
+        return self.busy_answers / self.sent if self.sent else 0.0
 
 
 @attrs.frozen
@@ -101,6 +107,7 @@ class Recorder:
         self.ok = array("d")
         self.by_replica: dict[int, array[float]] = {}
         self.busy_answers: dict[int, int] = {}
+        self.sent: dict[int, int] = {}
         self.failed: dict[int, int] = {}
 
     def record(self, outcome: str, latency: float, replica: int | None) -> None:
@@ -112,6 +119,10 @@ class Recorder:
             self.by_replica.setdefault(replica, array("d")).append(latency)
         elif outcome == FAILED and replica is not None:
             self.failed[replica] = self.failed.get(replica, 0) + 1
+
+    def sent_to(self, replica: int) -> None:
+        """The router sent a request to ``replica``."""
+        self.sent[replica] = self.sent.get(replica, 0) + 1
 
     def busy_answer(self, replica: int) -> None:
         """A replica answered 503 (whether or not the ingress retried elsewhere)."""

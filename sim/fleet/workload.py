@@ -17,7 +17,7 @@ Format (every field optional unless marked)::
                                    # to the workload file
 
     [replicas]
-    count = 4                      # replicas at start (required)
+    count = 4                      # replicas at start (required; 0 only with autoscaling)
     max_ongoing_requests = 4       # Ray's per-replica cap (default: the largest
                                    # model's slots plus max_queue)
     start_time_s = 10.0            # how long a new replica takes to start
@@ -51,7 +51,7 @@ Format (every field optional unless marked)::
     memory = 0                     # bytes, counted against memory_budget
     load_time_s = 2.0
     rate = 3.0                     # Poisson arrivals per second
-    busy_timeout_ms = 0            # the model's busy timeout (0: none)
+    busy_timeout_ms = 0            # the model's busy timeout (0: the replica's)
     duration = 0.8                 # a fixed time, or a list of measured seconds
                                    # (drawn uniformly), or a table:
                                    # { dist = "exponential", mean = 0.8 }
@@ -515,6 +515,8 @@ def parse(raw: Mapping[str, Any], base: Path | None = None) -> Workload:
         trace=trace,
     )
     t.done()
+    if replicas.count == 0 and autoscaling is None:
+        raise WorkloadError("replicas.count: 0 replicas and no [autoscaling]: nothing would serve")
     if workload.max_ongoing < 1:
         raise WorkloadError("replicas.max_ongoing_requests: must be >= 1")
     return workload

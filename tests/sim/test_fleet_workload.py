@@ -112,6 +112,18 @@ def test_a_file_that_is_not_toml_says_so(tmp_path: Path) -> None:
         load(path)
 
 
+def test_zero_replicas_need_an_autoscaler() -> None:
+    with pytest.raises(WorkloadError, match=r"replicas.count: 0 replicas and no \[autoscaling\]"):
+        parse(doc(base=BASE.replace("count = 2", "count = 0")))
+    assert parse(doc("[autoscaling]\nmin_replicas = 0\n", BASE.replace("count = 2", "count = 0")))
+
+
+def test_the_fleet_examples_are_not_taken_for_lifecycle_scenarios() -> None:
+    from tests.sim.test_scenarios import SCENARIOS
+
+    assert SCENARIOS and not any(p.parent.name == "fleet" for p in SCENARIOS)
+
+
 def test_the_example_workloads_parse() -> None:
     paths = sorted(FLEET_DIR.glob("*.toml"))
     assert len(paths) >= 3
