@@ -20,11 +20,13 @@ from typing import Any
 import attrs
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from core.policy import RuntimeKind, select_runtime
 from server.config import ConfigError, ServerConfig, embedded_default, load_config, parse_config
 from server.ray.ingress import VoxpoolIngress
 from server.ray.replica import VoxpoolReplica
+from server.ray.routing import ROUTER_PATH
 
 INGRESS = "VoxpoolIngress"
 MODELS = "VoxpoolModels"
@@ -105,6 +107,7 @@ def deployment_options(args: RayArgs, config: ServerConfig) -> dict[str, Any]:
     )
     return {
         **scaling,
+        "request_router_config": RequestRouterConfig(request_router_class=ROUTER_PATH),
         "max_ongoing_requests": bounds.max_ongoing_requests,
         "graceful_shutdown_timeout_s": config.shutdown_timeout_s,
         "ray_actor_options": {"num_cpus": args.replica_cpus},

@@ -37,6 +37,8 @@ class Forwarded:
     headers: tuple[tuple[bytes, bytes], ...]
     body: bytes
     client: tuple[str, int] | None = None
+    avoid: tuple[str, ...] = ()
+    """Replicas that answered this request busy: a retry goes elsewhere (server.ray.routing)."""
 
     def scope(self) -> dict[str, Any]:
         """The ASGI HTTP scope that replays this request."""
@@ -59,10 +61,12 @@ class Forwarded:
 
 @attrs.frozen
 class Start:
-    """The response head: status and headers (the body chunks follow as bytes)."""
+    """The response head: status and headers (the body chunks follow as bytes), and the
+    replica that answered."""
 
     status: int
     headers: tuple[tuple[bytes, bytes], ...]
+    replica: str = ""
 
 
 Part = Start | bytes

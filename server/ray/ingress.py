@@ -9,10 +9,10 @@ streams back unchanged (SSE and raw audio included).
 
 Retries (:meth:`IngressApp.forward`): a replica that answers 503
 ``server_busy`` before anything reached the client, or that dies or becomes
-unreachable before then, makes the ingress try again without the model's
-affinity (Ray's power of two choices over queue lengths then steers away from
-the busy replica), up to ``retries`` more times; then the client gets the last 503, or a
-clean 503 ``server_busy`` naming the lost replica. A replica lost after the
+unreachable before then, makes the ingress try again, up to ``retries`` more
+times, avoiding the replicas that answered busy (:mod:`server.ray.routing`);
+then the client gets the last 503, or a clean 503 ``server_busy`` naming the
+lost replica. A replica lost after the
 response started ends the response: the client sees the connection close
 early, never a hang.
 
@@ -30,6 +30,7 @@ import logging
 from typing import Any
 from urllib.parse import parse_qs
 
+import attrs
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
@@ -175,23 +176,25 @@ class IngressApp:
     async def forward(self, request: Forwarded, send: Send) -> None:
         """Send ``request`` to a replica of its model; retry busy or lost replicas.
 
-        The first try names the model (Ray prefers a replica that has it
-        loaded; any well-formed id, as models registered at run time are not
-        in the config: a replica drops an id its runtime does not hold); a
-        retry does not, so Ray's power of two choices sends it to
-        the less loaded of two replicas instead of back to the busy one.
+        Every try names the model (Ray prefers a replica that has it loaded;
+        any well-formed id, as models registered at run time are not in the
+        config: a replica drops an id its runtime does not hold); a retry after
+        a busy answer also names the replicas that refused it, which the
+        deployment's router (server.ray.routing) then avoids.
         """
         model = await model_of(request)
+        affinity = model if model and MODEL_ID.fullmatch(model) else ""
+        handle = self.models.options(stream=True, multiplexed_model_id=affinity)
         last: tuple[Start, bytes] | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(RETRY_PAUSE_S * attempt)
-            affinity = model if attempt == 0 and model and MODEL_ID.fullmatch(model) else ""
-            handle = self.models.options(stream=True, multiplexed_model_id=affinity)
             outcome = await self._attempt(handle, request, send)
             if outcome is None:
                 return
             last = outcome
+            if last[0].replica:
+                request = attrs.evolve(request, avoid=(*request.avoid, last[0].replica))
         assert last is not None
         start, body = last
         await send(

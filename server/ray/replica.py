@@ -29,6 +29,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 from ray import serve
 
 from server.config import ServerConfig
@@ -36,7 +37,7 @@ from server.http.app import build_app
 from server.http.lifespan import lifespan
 from server.ray import multiplex
 from server.ray.directory import Ack, Command, Report, directory
-from server.ray.exchange import Forwarded, Part, complete, replay
+from server.ray.exchange import Forwarded, Part, Start, complete, replay
 from server.serving import make_state
 
 log = logging.getLogger("voxpool.ray")
@@ -94,7 +95,9 @@ class VoxpoolReplica:
             await self.resident(model)
         try:
             async for part in replay(self.app, request):
-                yield part
+                yield (
+                    attrs.evolve(part, replica=self.replica_id) if isinstance(part, Start) else part
+                )
         finally:
             self._trim()
 

@@ -24,10 +24,10 @@ CONFIG = embedded_default()
 OK = [Start(200, ((b"content-type", b"audio/wav"),)), b"RIFF", b"data"]
 
 
-def busy_parts(message: str = "every slot is busy") -> list[Any]:
+def busy_parts(message: str = "every slot is busy", replica: str = "r1") -> list[Any]:
     response = error_response(503, message, "server_busy", retry_after=2)
     headers = tuple((bytes(k), bytes(v)) for k, v in response.raw_headers)
-    return [Start(503, headers), bytes(response.body)]
+    return [Start(503, headers, replica), bytes(response.body)]
 
 
 class Lost(Exception):
@@ -60,6 +60,7 @@ class ScriptedHandle:
     def __init__(self, *script: list[Any]) -> None:
         self.script = list(script)
         self.options_seen: list[dict[str, Any]] = []
+        self.requests: list[Forwarded] = []
         self.calls = 0
 
     def options(self, **options: Any) -> ScriptedHandle:
@@ -72,6 +73,7 @@ class ScriptedHandle:
 
     def remote(self, request: Forwarded) -> Call:
         self.calls += 1
+        self.requests.append(request)
         return Call(list(self.script.pop(0)))
 
 
@@ -97,11 +99,12 @@ def test_a_plain_answer_passes_through_with_the_model_as_the_multiplexed_id() ->
     assert handle.options_seen == [{"stream": True, "multiplexed_model_id": "piper"}]
 
 
-def test_a_busy_replica_is_retried_without_affinity_and_the_client_sees_the_success() -> None:
-    handle = ScriptedHandle(busy_parts(), OK)
+def test_a_busy_replica_is_retried_avoiding_it_and_the_client_sees_the_success() -> None:
+    handle = ScriptedHandle(busy_parts(replica="r1"), busy_parts(replica="r2"), OK)
     r = post(handle, **SPEECH)
-    assert (r.status_code, handle.calls) == (200, 2)
-    assert [o["multiplexed_model_id"] for o in handle.options_seen] == ["piper", ""]
+    assert (r.status_code, handle.calls) == (200, 3)
+    assert handle.options_seen == [{"stream": True, "multiplexed_model_id": "piper"}]
+    assert [req.avoid for req in handle.requests] == [(), ("r1",), ("r1", "r2")]
 
 
 def test_when_every_try_is_busy_the_client_gets_the_last_503_with_retry_after() -> None:
@@ -125,6 +128,7 @@ def test_a_replica_lost_before_answering_is_retried() -> None:
     handle = ScriptedHandle([Lost("actor died")], OK)
     r = post(handle, **SPEECH)
     assert (r.status_code, handle.calls) == (200, 2)
+    assert handle.requests[1].avoid == ()  # Ray drops a dead replica from routing itself
 
 
 def test_when_every_replica_is_lost_the_client_gets_a_clean_503() -> None:
@@ -182,7 +186,7 @@ def test_the_model_a_request_names(request_: Forwarded, model: str | None) -> No
 def test_a_malformed_model_id_is_forwarded_without_a_multiplexed_id() -> None:
     handle = ScriptedHandle(OK, OK)
     post(handle, json={"model": "no pe!", "input": "hi"})
-    post(handle, json={"model": "registered.at:run-time", "input": "hi"})
+    post(handle, json={"model": "registered.at:run-time", "input": "hi"})  # not in the config
     assert [o["multiplexed_model_id"] for o in handle.options_seen] == [
         "",
         "registered.at:run-time",

@@ -111,14 +111,17 @@ def active_replica(url: str, model: str) -> str:
     return found[0]
 
 
-def test_both_replicas_serve_a_burst_and_every_request_succeeds(fleet: str) -> None:
-    texts = [SENTENCE * 3 + f"Request {i}." for i in range(4)]
+def test_both_replicas_serve_a_burst_as_large_as_the_fleet_and_every_request_succeeds(
+    fleet: str,
+) -> None:
+    # piper holds 3 requests per replica (1 slot, a queue of 2): 6 at once fill both
+    texts = [SENTENCE * 3 + f"Request {i}." for i in range(6)]
     futures = [in_thread(lambda t=t: speech(fleet, t)) for t in texts]
     responses = [f.result(timeout=600) for f in futures]
-    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
+    assert [r.status_code for r in responses] == [200] * 6, [r.text[:200] for r in responses]
     assert all(r.content[:4] == b"RIFF" for r in responses)
     # the fleet's counters are the replicas' latest reports (every half second)
-    wait_until(lambda: sum(admitted_by_replica(fleet, "piper").values()) == 4, "4 admissions")
+    wait_until(lambda: sum(admitted_by_replica(fleet, "piper").values()) == 6, "6 admissions")
     granted = admitted_by_replica(fleet, "piper")
     assert len(granted) == 2 and all(n >= 1 for n in granted.values()), granted
 
