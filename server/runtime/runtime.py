@@ -36,6 +36,7 @@ from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
 from core.policy import busy_timeout
 from core.pool import (
+    MAX_BATCH_SLOTS,
     CreateClone,
     CreatePrimary,
     PoolBuilder,
@@ -402,9 +403,9 @@ class Runtime:
                 self.waits.load_retry(outcome.retry)
             raise
         self.pools[model] = live
-        outcome = self.core.load_succeeded(
-            model, start.ticket, live.pool.capacity, self.clock.now()
-        )
+        # a batching model's capacity is its engine's rows, not its one session's pool
+        capacity = MAX_BATCH_SLOTS if spec.batching else live.pool.capacity
+        outcome = self.core.load_succeeded(model, start.ticket, capacity, self.clock.now())
         self.waits.load_proceed(outcome.proceed)
 
     async def build_pool(self, spec: ModelSpec, generation: int) -> LivePool:

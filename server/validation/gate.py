@@ -328,13 +328,9 @@ class Gate:
         for i, g in zip(idx, got, strict=False):
             if isinstance(g, Exception):
                 c.failures.append(f"{label}: {self.cases[i].name} raised {type(g).__name__}: {g}")
-            elif not self.same(
-                c,
-                self.plan.fingerprint(g) == self.plan.fingerprint(refs[i]),
-                g,
-                refs[i],
-                self.plan.batched_equal,
-            ):
+                continue
+            exact = self.plan.fingerprint(g) == self.plan.fingerprint(refs[i])
+            if not self.same(c, exact, g, refs[i], self.plan.batched_equal):
                 c.failures.append(
                     f"{label}: {self.cases[i].name} differs from its single-slot reference"
                 )

@@ -177,6 +177,7 @@ def test_many_live_streams_through_the_runtime(vad_clip: np.ndarray) -> None:
             await rt.load_model("vad")
             driver = rt.drivers["vad"]
             assert len(rt.pools["vad"].pool.sessions) == 1
+            assert rt.status_of("vad").max_parallel_slots == MAX_BATCH_SLOTS  # rows, not sessions
 
             async def live(k: int) -> None:
                 feed = Feed()
