@@ -93,8 +93,8 @@ def _peer_run(model: Any, audio: np.ndarray) -> str:
 def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
     """One row per (impl, fixture): median latency, RTF and our/peer ratio."""
     ours = f"voxpool-{backend}"
-    array_backend = _array_backend(backend)
     _use_repo_root()
+    array_backend = _array_backend(backend)
     from backends.whisper import WhisperRequest, load_factory
 
     rows: list[dict[str, object]] = []
