@@ -24,6 +24,8 @@ from server.config import ConfigError, parse_config
 from server.provider import ThreadedProvider, make_backend
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
 from server.runtime.errors import InvalidRequestError
+from server.runtime.ports import SystemClock
+from sim.fakes import FakeProvider, FakeScript
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,3 +233,68 @@ def test_a_batching_model_may_have_more_slots_than_a_session_pool() -> None:
         parse_config({"models": [{**model, "batching": False}]})
     with pytest.raises(ConfigError, match=f"between 1 and {MAX_BATCH_SLOTS}"):
         parse_config({"models": [{**model, "slots": MAX_BATCH_SLOTS + 1}]})
+
+
+def test_a_live_stream_whose_owner_leaves_frees_its_slot_and_spares_the_others(
+    vad_clip: np.ndarray,
+) -> None:
+    """Two live streams; one owner goes away after its first chunk (its feed never closed):
+    its member leaves the batch and its slot returns, the other stream stays exact."""
+    audio = vad_clip[: 2 * 16000]
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        rt = Runtime(ThreadedProvider(), RuntimeConfig(busy_timeout_ms=0))
+        rt.add_model(ModelSpec("vad", "silero_vad", task="vad", slots=2, batching=True))
+        async with rt:
+            await rt.load_model("vad")
+            leaver, stayer = Feed(), Feed()
+
+            async def leave() -> None:
+                with anyio.CancelScope() as scope:
+                    async with rt.open_stream("vad", EMPTY, feed=leaver) as chunks:
+                        leaver.push(audio[: 4 * CHUNK])
+                        async for _ in chunks:
+                            scope.cancel()  # the client is gone
+                out["left"] = scope.cancelled_caught
+
+            async def stay() -> None:
+                async with rt.open_stream("vad", EMPTY, feed=stayer) as chunks:
+                    for lo in range(0, len(audio), CHUNK):
+                        stayer.push(audio[lo : lo + CHUNK])
+                    stayer.close()
+                    out["stayed"] = [chunk async for chunk in chunks]
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leave)
+                tg.start_soon(stay)
+            assert rt.status_of("vad").active_slots == 0
+            assert rt.drivers["vad"].members == 0 and not rt.violations
+            again = Feed()  # the freed slot serves a later live stream
+            async with rt.open_stream("vad", EMPTY, feed=again) as chunks:
+                again.push(audio[:CHUNK])
+                again.close()
+                out["again"] = [chunk async for chunk in chunks]
+
+    anyio.run(main)
+    session = load_factory(make_backend("numpy", "cpu")).create()
+    assert out["left"] is True
+    _same(out["stayed"], list(session.stream(VadRequest(audio))))
+    _same(out["again"], list(session.stream(VadRequest(audio[:CHUNK]))))
+
+
+def test_an_engine_without_live_input_refuses_a_feed_before_launching() -> None:
+    """A batching model whose engine takes no live input (the simulator's fake engine)."""
+
+    async def main() -> None:
+        script = FakeScript(load_time=0.0, create_time=0.0, clone_time=0.0, close_time=0.0)
+        rt = Runtime(FakeProvider(SystemClock(), {"m": script}), RuntimeConfig(busy_timeout_ms=0))
+        rt.add_model(ModelSpec("m", "fake", slots=2, batching=True))
+        async with rt:
+            with pytest.raises(InvalidRequestError, match="takes no live input"):
+                async with rt.open_stream("m", {"chunks": 1}, feed=Feed()):
+                    pass
+            assert rt.status_of("m").active_slots == 0
+            assert rt.drivers["m"].members == 0
+
+    anyio.run(main)
