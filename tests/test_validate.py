@@ -186,6 +186,9 @@ def test_silero_vad_batched_passes_every_model_check(batched_record: dict[str, A
         assert batched["outputs_within_tolerance_not_exact"] == 0
     assert any("engine" in step for step in rows["M4"]["evidence"]["steps"])
     assert rows["M6"]["evidence"]["streaming"]["cancelled_after_chunks"] == 1
+    # live streams: 4 at once, their audio pushed 32 ms at a time, each chunk exact
+    live = rows["M6"]["evidence"]["live"]
+    assert live["concurrent_streams"] == BATCH_SLOTS and live["pieces_pushed"] > 4 * 100
 
 
 def _batched(provider: Callable[[], GateProvider]) -> dict[str, Any]:

@@ -160,6 +160,11 @@ class ValidationPlan(Protocol):
         """:meth:`batched_equal` for the chunks of one stream."""
         ...
 
+    def live(self, request: Any) -> tuple[Any, list[Any]] | None:
+        """``request`` as a live stream (its input pushed while it runs): the request to open
+        it with and the pieces to push, or None when the family takes no live input."""
+        ...
+
 
 # --------------------------------------------------------------- CLI and benches
 @attrs.frozen

@@ -118,6 +118,10 @@ class PiperPlan:
         """Same sample rate and length, every sample within the engine's declared tolerance."""
         return got.sample_rate == reference.sample_rate and _audio_close(got.audio, reference.audio)
 
+    def live(self, request: Any) -> tuple[Any, list[Any]] | None:
+        """No live input: the whole request is known when it starts."""
+        return None
+
     def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
         """Same chunks (index, phonemes), each chunk's audio within the declared tolerance."""
         return len(got) == len(reference) and all(

@@ -110,6 +110,15 @@ class VadPlan:
         """No tolerance: equal fingerprints only."""
         return self.fingerprint(got) == self.fingerprint(reference)
 
+    def live(self, request: Any) -> tuple[Any, list[Any]] | None:
+        """The audio as a live client sends it, 32 ms (512 samples) at a time, after an empty
+        request with the same options."""
+        from backends.silero_vad import VadRequest
+
+        audio = request.audio
+        parts = [audio[lo : lo + 512] for lo in range(0, len(audio), 512)]
+        return VadRequest(np.zeros(0, np.float32), options=request.options), parts
+
     def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
         """No tolerance: equal fingerprints only."""
         return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)

@@ -104,6 +104,10 @@ class WhisperPlan:
         """No tolerance: equal fingerprints only."""
         return self.fingerprint(got) == self.fingerprint(reference)
 
+    def live(self, request: Any) -> tuple[Any, list[Any]] | None:
+        """No live input: the whole request is known when it starts."""
+        return None
+
     def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
         """No tolerance: equal fingerprints only."""
         return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import attrs
 
-from core.engine import BatchEngine, Emitted, Member
+from core.engine import BatchEngine, Emitted, Feed, Member
 from core.policy import RuntimeKind
 from server.families import registry
 from server.provider import make_backend
@@ -750,6 +750,55 @@ class Gate:
             "concurrent_streams": n,
             "cancelled_after_chunks": pulled,
             "cancelled_stream_total_chunks": self.stream_chunks[cases[0].name],
+            "references": "serial streams on one slot (M1)",
+        }
+        if self.batching and self.plan.live(cases[0].request) is not None:
+            await self.live_streams(rt, model, c)
+
+    async def live_streams(self, rt: Runtime, model: str, c: Check) -> None:
+        """Batched families that take live input: n live streams at once (each stream's
+        audio pushed piece by piece into its feed while it runs, as a live client's), every
+        chunk compared with the serial stream of the same audio."""
+        cases, n = self.plan.stream_cases(), self.slots
+        picks = [k % len(cases) for k in range(n)]
+        out: list[Any] = [None] * n
+        pieces = 0
+
+        async def live(k: int) -> None:
+            nonlocal pieces
+            request, parts = self.plan.live(cases[picks[k]].request)
+            feed = Feed()
+            try:
+                async with rt.open_stream(model, request, feed=feed) as chunks:
+                    for part in parts:
+                        feed.push(part)
+                    feed.close()
+                    pieces += len(parts)
+                    out[k] = [chunk async for chunk in chunks]
+            except Exception as exc:
+                out[k] = exc
+            finally:
+                self.rendezvous.left()
+
+        self.monitor.phase = "m6/live"
+        self.rendezvous.arm(n, self.observe, self.launched)
+        try:
+            async with anyio.create_task_group() as tg:
+                for k in range(n):
+                    tg.start_soon(live, k)
+        finally:
+            self.rendezvous.disarm()
+        for k, got in enumerate(out):
+            c.expect(
+                self.same_stream(c, got, picks[k]),
+                f"live stream {cases[picks[k]].name} differs from its serial stream",
+            )
+        seen = self.monitor.active_ready.get(self.monitor.phase, 0)
+        c.expect(seen == n, f"live streams: observed {seen} active streams, expected {n}")
+        self.drained(c, rt, "after live streams")
+        c.evidence["live"] = {
+            "concurrent_streams": n,
+            "pieces_pushed": pieces,
             "references": "serial streams on one slot (M1)",
         }
 
