@@ -308,3 +308,34 @@ def test_the_picture_is_the_same_bytes_for_the_same_run(tmp_path: Path) -> None:
     for name in ("a.png", "b.png"):
         report.draw(tmp_path / name, ["a", "b"], runs[1], runs)
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+
+
+def test_residency_is_checked_at_the_step_a_load_changes_it(tmp_path: Path) -> None:
+    """A resident model whose memory is made to exceed the budget as its load publishes is seen
+    at that step (residency is checked after decisions that can change it)."""
+    from core.lifecycle import StartLoad
+
+    class Swelling(Runtime):
+        async def load(self, model: str, start: StartLoad) -> None:
+            await super().load(model, start)
+            entry = self.core.registry.get(model)
+            assert entry is not None
+            entry.memory_bytes = 5000
+
+    text = """
+[replicas]
+count = 1
+max_ongoing_requests = 2
+memory_budget = 1000
+[[models]]
+id = "a"
+slots = 1
+memory = 100
+load_time_s = 1.0
+duration = 0.5
+"""
+    trace = "3.0,a\n9.0,a\n"  # loaded at 4.0; the run ends at 9.5
+    s = run_fleet(workload(text, tmp_path, trace), 0, runtime_factory=Swelling)
+    assert s.violations[0] == (
+        "t=4.000000 replica 0: invariant 5 (*): resident memory exceeds the budget"
+    )
