@@ -94,6 +94,7 @@ class Replica:
         runtime_factory: Callable[..., Runtime] | None = None,
     ) -> None:
         self.rid = rid
+        self.graceful_timeout = workload.replicas.graceful_shutdown_timeout_s
         self.clock = clock
         self.state = ReplicaState.STARTING
         self.provider = FakeProvider(clock, scripts(workload))
@@ -228,10 +229,15 @@ class Replica:
         self.state = ReplicaState.DEAD
         self.stopped_at = now
         self.residency.append((now, ()))
+        self._fail_inflight()
+        self.stop_requested.set()
+
+    def _fail_inflight(self) -> None:
+        """Every in-flight request fails now (its client records the failure at this time)."""
+        now = self.clock.now()
         for n in sorted(self.inflight):
             self.killed[n] = now
             self.inflight[n].cancel()
-        self.stop_requested.set()
 
     def stop(self) -> None:
         """Stop gracefully: no new requests; the ongoing ones finish, then the runtime closes."""
@@ -258,6 +264,8 @@ class Replica:
             self.residency.append((self.started_at, ()))
             on_running(self)
             await self.stop_requested.wait()
+            if self.state is ReplicaState.DRAINING and self.inflight:
+                await self._drain()
             while self.inflight:
                 self.idle = trio.Event()
                 await self.idle.wait()
@@ -267,6 +275,25 @@ class Replica:
             self.stopped_at = self.clock.now()
             self.residency.append((self.stopped_at, ()))
         self.closing_checks()
+
+    async def _drain(self) -> None:
+        """Wait for the ongoing requests, at most ``graceful_shutdown_timeout_s`` (Ray's graceful
+        shutdown); then the replica is killed and those still running fail."""
+        async with trio.open_nursery() as nursery:
+
+            async def timeout() -> None:
+                await self.clock.sleep(self.graceful_timeout)
+                self.kill()  # Ray kills the replica's actor at the timeout
+                nursery.cancel_scope.cancel()
+
+            async def drained() -> None:
+                while self.inflight:
+                    self.idle = trio.Event()
+                    await self.idle.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(timeout)
+            nursery.start_soon(drained)
 
     async def _start_sleep(self, start_time: float) -> None:
         """Sleep through start-up, waking early if the replica is stopped meanwhile."""

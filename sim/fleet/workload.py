@@ -21,6 +21,7 @@ Format (every field optional unless marked)::
     max_ongoing_requests = 4       # Ray's per-replica cap (default: the largest
                                    # model's slots plus max_queue)
     start_time_s = 10.0            # how long a new replica takes to start
+    graceful_shutdown_timeout_s = 20.0  # a stopped replica's drain; then its requests fail
     max_loaded_models = 2          # the runtime's residency limits (0: none)
     memory_budget = 0
     busy_timeout_ms = 0            # the runtime's server busy timeout (0: none)
@@ -153,6 +154,7 @@ class ReplicaSettings:
     count: int = 1
     max_ongoing_requests: int = 0  # 0: derived (see Workload.max_ongoing)
     start_time_s: float = 0.0
+    graceful_shutdown_timeout_s: float = 20.0
     max_loaded_models: int = 0
     memory_budget: int = 0
     busy_timeout_ms: int = 0
@@ -367,6 +369,7 @@ def _replicas(raw: Any) -> ReplicaSettings:
         count=t.integer("count", 1, minimum=0),
         max_ongoing_requests=t.integer("max_ongoing_requests", 0),
         start_time_s=t.number("start_time_s", 0.0),
+        graceful_shutdown_timeout_s=t.number("graceful_shutdown_timeout_s", 20.0),
         max_loaded_models=t.integer("max_loaded_models", 0),
         memory_budget=t.integer("memory_budget", 0),
         busy_timeout_ms=t.integer("busy_timeout_ms", 0),

@@ -339,3 +339,38 @@ duration = 0.5
     assert s.violations[0] == (
         "t=4.000000 replica 0: invariant 5 (*): resident memory exceeds the budget"
     )
+
+
+def test_a_downscaled_replica_drains_then_fails_what_outlives_its_graceful_timeout(
+    tmp_path: Path,
+) -> None:
+    text = """
+[replicas]
+count = 2
+max_ongoing_requests = 1
+graceful_shutdown_timeout_s = 2.0
+[autoscaling]
+min_replicas = 1
+max_replicas = 2
+target_ongoing_requests = 10.0
+upscale_delay_s = 0.0
+downscale_delay_s = 1.0
+look_back_period_s = 1.0
+interval_s = 0.5
+[[models]]
+id = "a"
+slots = 1
+load_time_s = 0.0
+duration = 60.0
+"""
+    # two long requests, one per replica; two requests in flight against a target of 10 each
+    # ask for one replica: after the downscale delay the newest replica (1) stops, drains for
+    # 2 s and its request fails; replica 0's finishes
+    s = run_fleet(workload(text, tmp_path, "0.0,a\n0.0,a\n"), 0)
+    assert s.counts[OK] == 1 and s.counts[FAILED] == 1
+    stopped = s.per_replica[1]
+    assert stopped.failed == 1 and stopped.latency.count == 0
+    down = next(t for t, n in s.scale if n == 1)
+    assert 1.0 <= down <= 2.5
+    assert stopped.stopped_at == pytest.approx(down + 2.0)
+    assert not s.violations
