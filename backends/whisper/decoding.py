@@ -109,13 +109,18 @@ class TimestampRules:
         self.end = vocab_size - 1
         self.max_initial = self.begin + max_initial_index
 
-    def apply(self, step: int, logits: np.ndarray, generated: Sequence[int]) -> None:
-        """Mask ``logits`` in place (masks already applied by earlier rules count too)."""
+    def apply(self, step: int, logits: np.ndarray, generated: Sequence[int]) -> np.ndarray | None:
+        """Mask ``logits`` in place (masks already applied by earlier rules count too).
+
+        Returns the log-softmax of the masked ``logits`` when the logprob rule computed
+        it and then left ``logits`` as they were (the caller need not compute it again),
+        else None.
+        """
         logits[self.no_timestamps] = -np.inf
         if step == 0:
             logits[: self.begin] = -np.inf
             logits[self.max_initial + 1 : self.end + 1] = -np.inf
-            return
+            return None
         check_prob = True
         last = generated[-1]
         if last >= self.begin:
@@ -129,11 +134,14 @@ class TimestampRules:
             if token >= self.begin:
                 logits[self.begin : token] = -np.inf
                 break
-        if check_prob:
-            log_probs = _log_softmax(logits)
-            timestamp_lp = _logsumexp(log_probs[self.begin : self.end + 1])
-            if timestamp_lp > float(np.max(log_probs[: self.begin])):
-                logits[: self.begin] = -np.inf
+        if not check_prob:
+            return None
+        log_probs = _log_softmax(logits)
+        timestamp_lp = _logsumexp(log_probs[self.begin : self.end + 1])
+        if timestamp_lp > float(np.max(log_probs[: self.begin])):
+            logits[: self.begin] = -np.inf
+            return None
+        return log_probs
 
 
 Choose = Callable[[np.ndarray], int]
@@ -195,8 +203,9 @@ def _decode(
         logits[suppress] = -np.inf
         if step == 0 and suppress_blank.size:
             logits[suppress_blank] = -np.inf
-        rules.apply(step, logits, generated)
-        log_probs = _log_softmax(logits)
+        log_probs = rules.apply(step, logits, generated)
+        if log_probs is None:  # masked after (or without) the logprob rule's softmax
+            log_probs = _log_softmax(logits)
         best = choose(log_probs)
         if top2 is not None:
             two = np.partition(logits, -2)[-2:]

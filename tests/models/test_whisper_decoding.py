@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tokenizers
 
-from backends.whisper.decoding import TimestampRules, build_prompt
+from backends.whisper.decoding import TimestampRules, _log_softmax, build_prompt
 from backends.whisper.longform import _split
 from backends.whisper.session import default_model_dir
 from backends.whisper.tokenizer import WhisperTokenizer
@@ -100,10 +100,14 @@ def test_timestamp_forced_when_their_total_probability_wins() -> None:
     logits = np.full(VOCAB, -20.0, np.float32)
     logits[100] = 2.0  # best single token is text...
     logits[TS + 30 : TS + 60] = 0.5  # ...but the 30 timestamps together are likelier
-    _rules().apply(2, logits, [TS, 100])
+    assert _rules().apply(2, logits, [TS, 100]) is None  # masked after its softmax
     assert np.all(np.isneginf(logits[:TS]))
     kept = np.full(VOCAB, -20.0, np.float32)
     kept[100] = 6.0
     kept[TS + 30 : TS + 60] = 0.5
-    _rules().apply(2, kept, [TS, 100])
+    log_probs = _rules().apply(2, kept, [TS, 100])
     assert kept[100] == 6.0
+    # unmasked by the logprob rule: its softmax is handed back, the very values of the
+    # masked logits' log-softmax (the decoder uses them instead of computing them again)
+    assert log_probs is not None
+    assert np.array_equal(log_probs, _log_softmax(kept))
