@@ -101,6 +101,14 @@ def summary_lines(name: str, seed: int, s: FleetSummary) -> list[str]:
     lines = [f"fleet: {name} (seed {seed})", ""]
     lines += table([OVERALL, overall_row(s)])
     lines.append("")
+    models = [["model", "requests", "ok", "p50_s", "p95_s", "p99_s", "503s", "busy_rate"]]
+    for m in s.per_model:
+        models.append(
+            [m.model, str(m.requests), str(m.latency.count), *_lat(m.latency), str(m.busy),
+             f"{m.busy_rate:.4f}"]
+        )  # fmt: skip
+    lines += table(models)
+    lines.append("")
     rows = [REPLICA_COLUMNS]
     for r in s.per_replica:
         rows.append(

@@ -34,6 +34,7 @@ from sim.fleet.stats import (
     OK,
     FleetSummary,
     Latencies,
+    ModelSummary,
     Recorder,
     ReplicaSummary,
 )
@@ -254,7 +255,7 @@ class Fleet:
         router, clock = self.router, self.clock
         rec = self.recorder
         if not router.admit():
-            rec.record(BACKPRESSURE, clock.now() - a.at, None)
+            rec.record(BACKPRESSURE, clock.now() - a.at, None, a.model)
             return
         ctx = RoutingContext(a.at)
         avoid: list[int] = []
@@ -285,12 +286,12 @@ class Fleet:
                         queued = True
                         continue
                 if outcome == FAILED:
-                    rec.record(FAILED, self.replicas[rid].killed.pop(a.n) - a.at, rid)
+                    rec.record(FAILED, self.replicas[rid].killed.pop(a.n) - a.at, rid, a.model)
                 else:
-                    rec.record(outcome, clock.now() - a.at, rid)
+                    rec.record(outcome, clock.now() - a.at, rid, a.model)
                 return
         except trio.Cancelled:
-            rec.record(FAILED, clock.now() - a.at, None)  # a stalled fleet gave up on it
+            rec.record(FAILED, clock.now() - a.at, None, a.model)  # a stalled fleet gave up on it
             raise
         finally:
             if queued:
@@ -344,6 +345,16 @@ class Fleet:
             requests=rec.total,
             counts=dict(rec.counts),
             latency=Latencies.of(rec.ok),
+            per_model=tuple(
+                ModelSummary(
+                    m.id,
+                    sum(rec.by_model_counts.get(m.id, {}).values()),
+                    Latencies.of(rec.by_model.get(m.id, ())),
+                    rec.by_model_counts.get(m.id, {}).get(BUSY, 0)
+                    + rec.by_model_counts.get(m.id, {}).get(BACKPRESSURE, 0),
+                )
+                for m in self.workload.models
+            ),
             per_replica=tuple(per),
             end_time=self.clock.now(),
             peak_replicas=self.peak,

@@ -70,6 +70,20 @@ class ReplicaSummary:
 
 
 @attrs.frozen
+class ModelSummary:
+    """One model's share: its requests, their latencies, the 503s its clients received."""
+
+    model: str
+    requests: int
+    latency: Latencies
+    busy: int
+
+    @property
+    def busy_rate(self) -> float:
+        return self.busy / self.requests if self.requests else 0.0
+
+
+@attrs.frozen
 class FleetSummary:
     """The answer for one run."""
 
@@ -84,6 +98,7 @@ class FleetSummary:
     residency: dict[int, tuple[tuple[float, tuple[str, ...]], ...]]
     scale: tuple[tuple[float, int], ...]  # (time, running replicas) whenever it changed
     warnings: tuple[str, ...] = ()  # events that could not happen (a kill of no replica)
+    per_model: tuple[ModelSummary, ...] = ()
 
     @property
     def busy_rate(self) -> float:
@@ -106,15 +121,20 @@ class Recorder:
         self.counts = dict.fromkeys(OUTCOMES, 0)
         self.ok = array("d")
         self.by_replica: dict[int, array[float]] = {}
+        self.by_model: dict[str, array[float]] = {}
+        self.by_model_counts: dict[str, dict[str, int]] = {}
         self.busy_answers: dict[int, int] = {}
         self.sent: dict[int, int] = {}
         self.failed: dict[int, int] = {}
 
-    def record(self, outcome: str, latency: float, replica: int | None) -> None:
+    def record(self, outcome: str, latency: float, replica: int | None, model: str) -> None:
         """One request's end."""
         self.counts[outcome] += 1
+        per_model = self.by_model_counts.setdefault(model, {})
+        per_model[outcome] = per_model.get(outcome, 0) + 1
         if outcome == OK:
             self.ok.append(latency)
+            self.by_model.setdefault(model, array("d")).append(latency)
             assert replica is not None
             self.by_replica.setdefault(replica, array("d")).append(latency)
         elif outcome == FAILED and replica is not None:

@@ -93,6 +93,10 @@ def test_every_request_is_accounted_once_and_the_invariants_hold(w: Workload, se
     assert s.requests == expected == sum(s.counts[o] for o in OUTCOMES)
     assert not s.violations, s.violations
     assert sum(r.latency.count for r in s.per_replica) == s.counts["ok"] == s.latency.count
+    assert [m.model for m in s.per_model] == [m.id for m in w.models]
+    assert sum(m.requests for m in s.per_model) == s.requests
+    assert sum(m.latency.count for m in s.per_model) == s.counts["ok"]
+    assert sum(m.busy for m in s.per_model) == s.counts["busy"] + s.counts["backpressure"]
     assert all(r.latency.count == 0 or r.latency.p50 > 0 for r in s.per_replica)
     if w.router.max_queued_requests is None:
         assert s.counts["backpressure"] == 0
