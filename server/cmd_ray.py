@@ -179,6 +179,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ray import serve
 
     from server.ray.app import RayArgs, build
+    from server.ray.directory import end_directory
 
     rargs = RayArgs.from_mapping(ray_args(args, inline=False))
     config = rargs.server_config()
@@ -195,6 +196,7 @@ def run_serve(args: argparse.Namespace) -> int:
         stop.wait()
         print("voxpool: shutting down (draining the replicas)", file=sys.stderr, flush=True)
         serve.delete(rargs.name)
+        end_directory(rargs.name)
         serve.shutdown()
     finally:
         ray.shutdown()

@@ -20,11 +20,13 @@ when the command was posted has acknowledged it, or has gone
 (:meth:`Directory.outcome`). A replica that starts later runs the whole log, so
 models registered at run time reach new replicas too. The log lives as long as
 the directory: a new directory (its owner died) starts a new ``epoch`` and an
-empty log, and replicas start over on it.
+empty log, and replicas start over on it (the actor is detached, so only its
+own failure or :func:`end_directory` ends it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -158,14 +160,23 @@ def directory_name(app_name: str) -> str:
 def directory(app_name: str) -> Any:
     """A handle on ``app_name``'s directory actor, started if it is not running.
 
-    The actor belongs to whoever started it (an ingress or a model replica)
-    and ends with it; every user asks again after a failed call, so a new one
-    takes over within a report interval and the app leaves nothing behind.
+    The actor is detached: it belongs to no replica, so no replica's death
+    takes the command log with it (every user asks again after a failed call,
+    so should the actor itself die a new one takes over within a report
+    interval). ``voxpool ray serve`` ends it with the application
+    (:func:`end_directory`); after ``serve delete`` it stays, with its log,
+    for a redeploy of the same application name.
     """
     actor = ray.remote(num_cpus=0)(Directory)
     return actor.options(
-        name=directory_name(app_name), namespace="serve", get_if_exists=True
+        name=directory_name(app_name), namespace="serve", get_if_exists=True, lifetime="detached"
     ).remote()
+
+
+def end_directory(app_name: str) -> None:
+    """End ``app_name``'s directory actor, if it runs."""
+    with contextlib.suppress(ValueError):  # there is none
+        ray.kill(ray.get_actor(directory_name(app_name), namespace="serve"))
 
 
 def fleet_models(reports: Iterable[Report]) -> list[dict[str, Any]]:

@@ -53,15 +53,15 @@ def test_the_built_application_takes_its_numbers_from_the_voxpool_config() -> No
 
     args = RayArgs(config=json.loads(FLEET.read_text()), min_replicas=2, max_replicas=5)
     bounds = limits(args.server_config())
-    # two models of one slot and a queue of 2 each
-    assert (bounds.max_ongoing_requests, bounds.target_ongoing_requests) == (6, 2)
+    # three models of one slot and a queue of 2 each
+    assert (bounds.max_ongoing_requests, bounds.target_ongoing_requests) == (9, 3)
     app = build(args)
     models = app._bound_deployment.init_args[0]._bound_deployment  # the model deployment
     assert models.name == MODELS
-    assert models.max_ongoing_requests == 6
+    assert models.max_ongoing_requests == 9
     scaling = models._deployment_config.autoscaling_config
     bounds_seen = (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests)
-    assert bounds_seen == (2, 5, 2)
+    assert bounds_seen == (2, 5, 3)
 
 
 def test_a_kuberay_manifest_carries_the_same_serve_config(tmp_path: Path) -> None:

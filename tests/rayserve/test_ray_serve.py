@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.ci import skip_or_fail
-from tests.server.live import LiveServer, free_port, in_thread
+from tests.server.live import HELLO_WAV, LiveServer, free_port, in_thread
 
 try:
     import ray
@@ -31,6 +31,11 @@ from server.ray.app import MODELS, RayArgs, build
 CONFIG = Path(__file__).resolve().parents[1] / "data" / "ray" / "fleet.json"
 APP = "voxpool"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+
+
+@pytest.fixture(scope="module")
+def hello_wav() -> bytes:
+    return HELLO_WAV.read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +139,21 @@ def test_a_model_used_one_request_at_a_time_stays_on_one_replica(fleet: str) -> 
     assert row["replicas"] == 2 and len(row["loaded_on"]) == 1, row
     wait_until(lambda: sum(admitted_by_replica(fleet, "tts2").values()) == 4, "4 admissions")
     assert list(admitted_by_replica(fleet, "tts2")) == row["loaded_on"]
+
+
+def test_an_upload_is_routed_by_its_form_field_and_answered_as_voxpool_serve_does(
+    fleet: str, hello_wav: bytes
+) -> None:
+    files = {"file": ("hello.wav", hello_wav, "audio/wav")}
+    r = httpx.post(fleet + "/v1/audio/vad", files=files, data={"model": "silero_vad"}, timeout=300)
+    assert r.status_code == 200, r.text
+    segments = r.json()["segments"]
+    assert len(segments) == 1 and 0.0 <= segments[0]["start"] < segments[0]["end"] <= 0.9
+    row = wait_row(fleet, "silero_vad", lambda row: bool(row["loaded_on"]))
+    assert [r["replica"] for r in row["per_replica"] if r["routed"]] == row["loaded_on"]
+    bad = httpx.post(fleet + "/v1/audio/vad", files=files, data={"model": "piper"}, timeout=60)
+    assert bad.status_code == 400
+    assert "serves task 'tts', not 'vad'" in bad.json()["error"]["message"]
 
 
 def test_a_stream_through_ray_is_byte_identical_to_voxpool_serve(
