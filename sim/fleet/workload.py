@@ -18,8 +18,9 @@ Format (every field optional unless marked)::
 
     [replicas]
     count = 4                      # replicas at start (required; 0 only with autoscaling)
-    max_ongoing_requests = 4       # Ray's per-replica cap (default: the largest
-                                   # model's slots plus max_queue)
+    max_ongoing_requests = 4       # Ray's per-replica cap (default: as voxpool's Ray
+                                   # deployment derives it, every model's slots plus
+                                   # its queue bound, max_queue or else its slots)
     start_time_s = 10.0            # how long a new replica takes to start
     graceful_shutdown_timeout_s = 20.0  # a stopped replica's drain; then its requests fail
     max_loaded_models = 2          # the runtime's residency limits (0: none)
@@ -38,7 +39,7 @@ Format (every field optional unless marked)::
     [autoscaling]                  # omit for a fixed fleet
     min_replicas = 1
     max_replicas = 10
-    target_ongoing_requests = 2.0
+    target_ongoing_requests = 2.0  # default: every model's slots (as the deployment)
     upscale_delay_s = 30.0
     downscale_delay_s = 600.0
     look_back_period_s = 30.0
@@ -217,11 +218,13 @@ class Workload:
 
     @property
     def max_ongoing(self) -> int:
-        """Ray's ``max_ongoing_requests`` per replica: as given, else the largest model's slots
-        plus the runtime's queue bound (issue #16: slots + queue bound)."""
+        """Ray's ``max_ongoing_requests`` per replica: as given, else as voxpool's Ray deployment
+        derives it (docs/scale-out.md): every model's slots plus its queue bound (``max_queue``
+        is per model; unbounded, as many again as its slots)."""
         if self.replicas.max_ongoing_requests:
             return self.replicas.max_ongoing_requests
-        return max(m.slots for m in self.models) + (self.replicas.max_queue or 0)
+        q = self.replicas.max_queue
+        return sum(m.slots + (m.slots if q is None else q) for m in self.models)
 
     def model(self, model_id: str) -> FleetModel:
         return next(m for m in self.models if m.id == model_id)
@@ -398,14 +401,14 @@ def _router(raw: Any) -> RouterSettings:
     return out
 
 
-def _autoscaling(raw: Any) -> AutoscalingSettings | None:
+def _autoscaling(raw: Any, slots: int) -> AutoscalingSettings | None:
     if raw is None:
         return None
     t = _Table(raw, "autoscaling")
     out = AutoscalingSettings(
         min_replicas=t.integer("min_replicas", 1),
         max_replicas=t.integer("max_replicas", 1, minimum=1),
-        target_ongoing_requests=t.number("target_ongoing_requests", 2.0, strict=True),
+        target_ongoing_requests=t.number("target_ongoing_requests", float(slots), strict=True),
         upscale_delay_s=t.number("upscale_delay_s", 30.0),
         downscale_delay_s=t.number("downscale_delay_s", 600.0),
         look_back_period_s=t.number("look_back_period_s", 30.0, strict=True),
@@ -493,7 +496,7 @@ def parse(raw: Mapping[str, Any], base: Path | None = None) -> Workload:
         events.append(KillEvent(at, et.integer("kill", 0)))
         et.done()
     replicas = _replicas(t.get("replicas"))
-    autoscaling = _autoscaling(t.get("autoscaling"))
+    autoscaling = _autoscaling(t.get("autoscaling"), sum(m.slots for m in models))
     trace_raw = t.get("trace")
     trace = None if trace_raw is None else _trace(trace_raw, base, ids)
     duration_s = t.number("duration_s", 0.0)

@@ -40,7 +40,17 @@ def test_a_minimal_workload_parses_with_rays_defaults() -> None:
     assert (w.router.backoff_initial_s, w.router.backoff_max_s) == (0.025, 0.5)
     assert w.router.multiplex_timeout_s == 1.0
     assert w.autoscaling is None
-    assert w.max_ongoing == 1  # slots 1 + no queue bound
+    # as the Ray deployment: slots 1, and as many again queued (no queue bound)
+    assert w.max_ongoing == 2
+    two = parse(
+        doc(
+            "[[models]]\nid = 'b'\nslots = 3\n",
+            BASE.replace("count = 2", "count = 2\nmax_queue = 1"),
+        )
+    )
+    assert two.max_ongoing == (1 + 1) + (3 + 1)
+    scaled = parse(doc("[[models]]\nid = 'b'\nslots = 3\n[autoscaling]\nmax_replicas = 4\n"))
+    assert scaled.autoscaling is not None and scaled.autoscaling.target_ongoing_requests == 4.0
 
 
 @pytest.mark.parametrize(
