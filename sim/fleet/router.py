@@ -21,6 +21,7 @@ It follows ``PowerOfTwoChoicesRequestRouter`` (Ray,
   (0.025, 0.05, 0.1, 0.2, 0.4, 0.5, 0.5 ... s).
 * **max_queued_requests**: a request that arrives while that many wait for a
   replica is refused at once (Ray's ``BackPressureError``, HTTP 503).
+* **busy retries** (voxpool's ingress, not Ray): see :meth:`Router.pick`.
 
 The router sees exact queue lengths (one router; Ray's probes and cache
 staleness are not modelled). Every random draw comes from the router's own
@@ -175,17 +176,18 @@ class Router:
         self, model: str, ctx: RoutingContext, now: float, avoid: Sequence[int] = ()
     ) -> int | None:
         """One routing attempt: candidates, two choices, select. ``avoid``: replicas that
-        already answered this request busy; the ingress retries on another replica (ours,
-        not Ray's: the candidates without them, else any other routable replica, else the
-        candidates as they are)."""
-        candidates = self.candidates(model, ctx, now)
+        already answered this request busy. As voxpool's Ray deployment routes a retry
+        (``server.ray.routing.AvoidingRouter``, not Ray's own): Ray's two choices without
+        the avoided replicas; if that leaves none, two others drawn from every running
+        replica; if every replica is avoided, Ray's choice as it was."""
+        chosen = self.two_choices(self.candidates(model, ctx, now))
         if avoid:
-            others = [r for r in candidates if r not in avoid]
-            if not others:
+            kept = [r for r in chosen if r not in avoid]
+            if not kept:
                 others = [r for r in self.routable if r not in avoid]
-            if others:
-                candidates = others
-        return self.select(self.two_choices(candidates))
+                kept = self.two_choices(others) if others else chosen
+            chosen = kept
+        return self.select(chosen)
 
     def backoff(self, ctx: RoutingContext) -> float:
         """How long to wait before the next attempt after a failed one (0: at once)."""
