@@ -251,7 +251,8 @@ class Fleet:
 
     async def _client(self, a: Arrival) -> None:
         """One request: route it (with back-pressure and backoff), send it, retry a replica's
-        503 on another replica while retries last, and record how it ended."""
+        503 on another replica, or a request whose replica died, while retries last (as
+        voxpool's Ray ingress does), and record how it ended."""
         router, clock = self.router, self.clock
         rec = self.recorder
         if not router.admit():
@@ -278,15 +279,19 @@ class Fleet:
                 outcome = await self._send(rid, a)
                 if outcome == BUSY:
                     rec.busy_answer(rid)
-                    if retries < self.workload.router.busy_retries:
-                        retries += 1
+                elif outcome == FAILED:
+                    died_at = self.replicas[rid].killed.pop(a.n)
+                    rec.lost_on(rid)
+                if outcome in (BUSY, FAILED) and retries < self.workload.router.retries:
+                    retries += 1
+                    if outcome == BUSY:  # a dead replica leaves the router by itself
                         avoid.append(rid)
-                        ctx = RoutingContext(a.at)
-                        router.queued += 1
-                        queued = True
-                        continue
+                    ctx = RoutingContext(a.at)
+                    router.queued += 1
+                    queued = True
+                    continue
                 if outcome == FAILED:
-                    rec.record(FAILED, self.replicas[rid].killed.pop(a.n) - a.at, rid, a.model)
+                    rec.record(FAILED, died_at - a.at, rid, a.model)
                 else:
                     rec.record(outcome, clock.now() - a.at, rid, a.model)
                 return

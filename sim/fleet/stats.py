@@ -58,7 +58,7 @@ class ReplicaSummary:
     latency: Latencies
     sent: int  # requests the router sent it (a retried request counts on each replica)
     busy_answers: int
-    failed: int
+    failed: int  # requests in flight when it died or was killed (retried or not)
     loads: int
     started_at: float | None
     stopped_at: float | None
@@ -137,8 +137,10 @@ class Recorder:
             self.by_model.setdefault(model, array("d")).append(latency)
             assert replica is not None
             self.by_replica.setdefault(replica, array("d")).append(latency)
-        elif outcome == FAILED and replica is not None:
-            self.failed[replica] = self.failed.get(replica, 0) + 1
+
+    def lost_on(self, replica: int) -> None:
+        """``replica`` died under a request (whether or not the ingress retried it)."""
+        self.failed[replica] = self.failed.get(replica, 0) + 1
 
     def sent_to(self, replica: int) -> None:
         """The router sent a request to ``replica``."""

@@ -30,7 +30,8 @@ Format (every field optional unless marked)::
 
     [router]
     max_queued_requests = -1       # Ray's caller-side queue bound (-1: none) -> 503
-    busy_retries = 2               # a replica's 503 retried on another replica
+    retries = 2                    # a replica's 503, or a request whose replica died,
+                                   # tried again (voxpool's Ray ingress's "retries")
     multiplex_timeout_s = 1.0      # Ray's multiplexed-model matching timeout
     backoff_initial_s = 0.025      # Ray's routing backoff
     backoff_multiplier = 2.0
@@ -167,7 +168,7 @@ class RouterSettings:
     """The router's knobs (Ray Serve's defaults)."""
 
     max_queued_requests: int | None = None
-    busy_retries: int = 2
+    retries: int = 2
     multiplex_timeout_s: float = 1.0
     backoff_initial_s: float = 0.025
     backoff_multiplier: float = 2.0
@@ -391,7 +392,7 @@ def _router(raw: Any) -> RouterSettings:
         raise WorkloadError(f"router.max_queued_requests: -1 (no bound) or >= 0, got {cap!r}")
     out = RouterSettings(
         max_queued_requests=None if cap is None or cap == -1 else cap,
-        busy_retries=t.integer("busy_retries", 2),
+        retries=t.integer("retries", 2),
         multiplex_timeout_s=t.number("multiplex_timeout_s", 1.0),
         backoff_initial_s=t.number("backoff_initial_s", 0.025),
         backoff_multiplier=t.number("backoff_multiplier", 2.0, minimum=1.0),

@@ -76,7 +76,7 @@ def workloads(draw: st.DrawFn) -> Workload:
         ),
         router=RouterSettings(
             max_queued_requests=draw(st.sampled_from([None, 0, 3])),
-            busy_retries=draw(st.integers(0, 2)),
+            retries=draw(st.integers(0, 2)),
         ),
         autoscaling=autoscaling,
         duration_s=draw(st.sampled_from([4.0, 8.0])),

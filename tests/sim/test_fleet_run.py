@@ -137,7 +137,7 @@ count = 2
 max_ongoing_requests = 5
 max_queue = 0
 [router]
-busy_retries = 1
+retries = 1
 [[models]]
 id = "a"
 slots = 1
@@ -155,12 +155,16 @@ duration = 1.0
     assert retried.counts[BUSY] + retried.counts[OK] == 4
 
 
-def test_a_replica_dying_fails_its_in_flight_requests_and_is_replaced(tmp_path: Path) -> None:
+def test_a_replica_dying_loses_its_in_flight_requests_which_are_retried_or_fail(
+    tmp_path: Path,
+) -> None:
     text = """
 [replicas]
 count = 2
 max_ongoing_requests = 2
 start_time_s = 2.0
+[router]
+retries = RETRIES
 [[models]]
 id = "a"
 slots = 2
@@ -171,12 +175,19 @@ at = 1.0
 kill = 0
 """
     trace = "".join(f"{0.01 * i:.2f},a\n" for i in range(4)) + "20.0,a,1.0\n20.0,a,1.0\n"
-    s = run_fleet(workload(text, tmp_path, trace), 0)
+    # no retries: what ran on the dead replica fails at the instant it died
+    s = run_fleet(workload(text.replace("RETRIES", "0"), tmp_path, trace), 0)
     dead = s.per_replica[0]
     assert dead.stopped_at == 1.0 and dead.failed == s.counts[FAILED] >= 1
     assert s.counts[OK] + s.counts[FAILED] == 6
     assert len(s.per_replica) == 3 and s.per_replica[2].started_at == pytest.approx(3.0)
     assert s.per_replica[0].latency.count == 0
+    assert not s.violations
+    # with a retry (voxpool's ingress retries a lost replica): the same requests are served
+    retried = run_fleet(workload(text.replace("RETRIES", "1"), tmp_path, trace), 0)
+    assert retried.per_replica[0].failed == dead.failed
+    assert (retried.counts[OK], retried.counts[FAILED]) == (6, 0)
+    s = retried
     assert not s.violations  # the dead replica's runtime still drained and shut down cleanly
 
 
@@ -349,6 +360,8 @@ def test_a_downscaled_replica_drains_then_fails_what_outlives_its_graceful_timeo
 count = 2
 max_ongoing_requests = 1
 graceful_shutdown_timeout_s = 2.0
+[router]
+retries = 0
 [autoscaling]
 min_replicas = 1
 max_replicas = 2
@@ -365,7 +378,7 @@ duration = 60.0
 """
     # two long requests, one per replica; two requests in flight against a target of 10 each
     # ask for one replica: after the downscale delay the newest replica (1) stops, drains for
-    # 2 s and its request fails; replica 0's finishes
+    # 2 s and its request fails (no retries here); replica 0's finishes
     s = run_fleet(workload(text, tmp_path, "0.0,a\n0.0,a\n"), 0)
     assert s.counts[OK] == 1 and s.counts[FAILED] == 1
     stopped = s.per_replica[1]
