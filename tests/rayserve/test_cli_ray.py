@@ -16,6 +16,7 @@ import yaml
 
 from tests.ci import skip_or_fail
 from tests.server.live import ROOT, free_port
+from tests.test_cli_run import voxpool
 
 try:
     from ray.serve.schema import ServeDeploySchema
@@ -25,16 +26,6 @@ except ImportError:  # pragma: no cover - the test extra installs ray
 FLEET = ROOT / "tests" / "data" / "ray" / "fleet.json"
 VOXPOOL_RAY_SERVE = (sys.executable, "-m", "server.cli", "ray", "serve", "--replicas", "1")
 VOXPOOL_RAY_SERVE += ("--replica-cpus", "0")  # the test cluster is 2 CPUs with other work on it
-
-
-def voxpool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_the_serve_config_is_valid_for_serve_deploy_and_inlines_the_voxpool_config() -> None:
