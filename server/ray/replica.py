@@ -32,6 +32,7 @@ from typing import Any
 import attrs
 from ray import serve
 
+from server.cmd_serve import limit_blas_threads
 from server.config import ServerConfig
 from server.http.app import build_app
 from server.http.lifespan import lifespan
@@ -56,6 +57,9 @@ class VoxpoolReplica:
     :mod:`server.ray.app`)."""
 
     async def __init__(self, config: ServerConfig, app_name: str) -> None:  # type: ignore[misc]
+        # BLAS threads as `voxpool serve` sets them; Ray's OMP_NUM_THREADS (the replica's
+        # CPU reservation) is an explicit count and wins, as the environment's does there
+        config = attrs.evolve(config, threads=limit_blas_threads(config.threads))
         self.state = make_state(config)
         self.app = build_app(self.state)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
