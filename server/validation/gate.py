@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -703,23 +703,8 @@ class Gate:
                 self.rendezvous.left()
 
         async def wave(label: str) -> None:
-            self.monitor.phase = f"m6/{label}"
             out: list[Any] = [None] * n
-            # the first chunks wait until all n streams are open
-            self.rendezvous.arm(n, self.observe, self.launched)
-            try:
-                async with anyio.create_task_group() as tg:
-                    for k in range(n):
-                        tg.start_soon(full, k, out)
-            finally:
-                self.rendezvous.disarm()
-            for k, got in enumerate(out):
-                c.expect(
-                    self.same_stream(c, got, picks[k]),
-                    f"{label}: stream {cases[picks[k]].name} differs from its serial stream",
-                )
-            seen = self.monitor.active_ready.get(self.monitor.phase, 0)
-            c.expect(seen == n, f"{label}: observed {seen} active streams, expected {n}")
+            await self.stream_wave(c, label, lambda k: full(k, out), out, picks)
 
         await wave("concurrent streams")
         self.monitor.phase = "m6/cancel"
@@ -780,27 +765,42 @@ class Gate:
             finally:
                 self.rendezvous.left()
 
-        self.monitor.phase = "m6/live"
-        self.rendezvous.arm(n, self.observe, self.launched)
-        try:
-            async with anyio.create_task_group() as tg:
-                for k in range(n):
-                    tg.start_soon(live, k)
-        finally:
-            self.rendezvous.disarm()
-        for k, got in enumerate(out):
-            c.expect(
-                self.same_stream(c, got, picks[k]),
-                f"live stream {cases[picks[k]].name} differs from its serial stream",
-            )
-        seen = self.monitor.active_ready.get(self.monitor.phase, 0)
-        c.expect(seen == n, f"live streams: observed {seen} active streams, expected {n}")
+        await self.stream_wave(c, "live", live, out, picks)
         self.drained(c, rt, "after live streams")
         c.evidence["live"] = {
             "concurrent_streams": n,
             "pieces_pushed": pieces,
             "references": "serial streams on one slot (M1)",
         }
+
+    async def stream_wave(
+        self,
+        c: Check,
+        label: str,
+        run: Callable[[int], Coroutine[Any, Any, None]],
+        out: list[Any],
+        picks: list[int],
+    ) -> None:
+        """``len(out)`` streams at once (``run(k)`` fills ``out[k]``; their first chunks
+        wait until all are open): each must equal its serial stream, and the monitor must
+        have seen them all active together (phase ``m6/<label>``)."""
+        n = len(out)
+        names = [case.name for case in self.plan.stream_cases()]
+        self.monitor.phase = f"m6/{label}"
+        self.rendezvous.arm(n, self.observe, self.launched)
+        try:
+            async with anyio.create_task_group() as tg:
+                for k in range(n):
+                    tg.start_soon(run, k)
+        finally:
+            self.rendezvous.disarm()
+        for k, got in enumerate(out):
+            c.expect(
+                self.same_stream(c, got, picks[k]),
+                f"{label}: stream {names[picks[k]]} differs from its serial stream",
+            )
+        seen = self.monitor.active_ready.get(self.monitor.phase, 0)
+        c.expect(seen == n, f"{label}: observed {seen} active streams, expected {n}")
 
     def same_stream(self, c: Check, got: Any, case: int) -> bool:
         """A stream's chunks (or the exception it raised) against the serial stream of
