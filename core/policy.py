@@ -16,6 +16,7 @@ absent or null). They are converted once, where they are read: :func:`bound` and
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Final, TypeVar
 
 import attrs
@@ -102,6 +103,18 @@ def exceeds(amount: float, limit: float | None) -> bool:
 def excess(amount: int, limit: Limit) -> int:
     """How far ``amount`` is over ``limit`` (0 within it, or when there is no limit)."""
     return 0 if limit is None else max(0, amount - limit)
+
+
+def ongoing_bounds(slots: Sequence[int], max_queue: Limit) -> tuple[int, int]:
+    """A replica's request bounds for a router in front of it (Ray Serve's
+    ``max_ongoing_requests`` and ``target_ongoing_requests``) from its models' slots.
+
+    The most it can hold is every model's slots plus its queue bound
+    (``max_queue`` is per model; with no bound, as many again as its slots: a
+    router needs a finite number); the target is every slot busy.
+    """
+    held = sum(n + (n if max_queue is None else max_queue) for n in slots)
+    return held, sum(slots)
 
 
 def ms_to_seconds(ms: int) -> float | None:

@@ -22,7 +22,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from core.policy import RuntimeKind, select_runtime
+from core.policy import RuntimeKind, ongoing_bounds, select_runtime
 from server.config import ConfigError, ServerConfig, embedded_default, load_config, parse_config
 from server.ray.ingress import VoxpoolIngress
 from server.ray.replica import VoxpoolReplica
@@ -79,16 +79,12 @@ class Limits:
 
 
 def limits(config: ServerConfig) -> Limits:
-    """A replica's bounds from its config: what its models can run and hold queued.
-
-    Each model contributes its slots (one on the original, serial runtime)
-    and its queue bound (``max_queue`` is per model; when the config leaves
-    it unbounded, as many again as the slots: Ray needs a finite number).
-    """
+    """A replica's bounds from its config (core.policy.ongoing_bounds over its models'
+    slots: one each on the original, serial runtime)."""
     serial = config.runtime is RuntimeKind.ORIGINAL
     slots = [1 if serial else model.slots for model in config.models] or [1]
-    queued = sum(config.max_queue if config.max_queue is not None else n for n in slots)
-    return Limits(max_ongoing_requests=sum(slots) + queued, target_ongoing_requests=sum(slots))
+    held, target = ongoing_bounds(slots, config.max_queue)
+    return Limits(max_ongoing_requests=held, target_ongoing_requests=target)
 
 
 def deployment_options(args: RayArgs, config: ServerConfig) -> dict[str, Any]:

@@ -81,6 +81,7 @@ from typing import Any
 
 import attrs
 
+from core.policy import ongoing_bounds
 from sim.clock import Scheduling
 
 
@@ -224,8 +225,7 @@ class Workload:
         is per model; unbounded, as many again as its slots)."""
         if self.replicas.max_ongoing_requests:
             return self.replicas.max_ongoing_requests
-        q = self.replicas.max_queue
-        return sum(m.slots + (m.slots if q is None else q) for m in self.models)
+        return ongoing_bounds([m.slots for m in self.models], self.replicas.max_queue)[0]
 
     def model(self, model_id: str) -> FleetModel:
         return next(m for m in self.models if m.id == model_id)
@@ -497,7 +497,8 @@ def parse(raw: Mapping[str, Any], base: Path | None = None) -> Workload:
         events.append(KillEvent(at, et.integer("kill", 0)))
         et.done()
     replicas = _replicas(t.get("replicas"))
-    autoscaling = _autoscaling(t.get("autoscaling"), sum(m.slots for m in models))
+    target = ongoing_bounds([m.slots for m in models], None)[1]
+    autoscaling = _autoscaling(t.get("autoscaling"), target)
     trace_raw = t.get("trace")
     trace = None if trace_raw is None else _trace(trace_raw, base, ids)
     duration_s = t.number("duration_s", 0.0)
