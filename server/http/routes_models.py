@@ -14,6 +14,7 @@ from server.http.body import json_object
 from server.http.errors import bad, show
 from server.http.openapi import MAX_BULK_IDS, MAX_ID_CHARS, MODEL_ID, build_spec
 from server.http.routes_audio import state_of
+from server.http.state import ServerState
 
 
 async def health(request: Request) -> Response:
@@ -35,7 +36,11 @@ async def models(request: Request) -> Response:
     Filesystem paths only for an authenticated management client.
     """
     st = state_of(request)
-    manager = st.is_manager(request)
+    return JSONResponse({"object": "list", "data": model_rows(st, st.is_manager(request))})
+
+
+def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
+    """``/v1/models``'s rows: every model's spec and counters (paths for a manager only)."""
     data = []
     for row in st.runtime.status():
         spec = st.runtime.specs[row.id]
@@ -59,7 +64,7 @@ async def models(request: Request) -> Response:
                 **({"path": spec.path} if manager else {}),
             }
         )
-    return JSONResponse({"object": "list", "data": data})
+    return data
 
 
 async def load(request: Request) -> Response:

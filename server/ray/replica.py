@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import attrs
 from ray import serve
@@ -36,6 +34,7 @@ from server.cmd_serve import limit_blas_threads
 from server.config import ServerConfig
 from server.http.app import build_app
 from server.http.lifespan import lifespan
+from server.http.routes_models import model_rows
 from server.ray import multiplex
 from server.ray.directory import Ack, Command, Report, directory
 from server.ray.exchange import Forwarded, Part, Start, complete, replay
@@ -45,11 +44,6 @@ log = logging.getLogger("voxpool.ray")
 
 REPORT_INTERVAL_S = 0.5
 """How often a replica sends its counters to the fleet directory."""
-
-
-async def fetch(app: Any, path: str) -> bytes:
-    """GET ``path`` from ``app`` in-process: the whole body."""
-    return (await complete(app, Forwarded("GET", path, b"", (), b"")))[1]
 
 
 class VoxpoolReplica:
@@ -114,12 +108,12 @@ class VoxpoolReplica:
         }
         multiplex.trim(self, kept)
 
-    async def report(self) -> Report:
-        """This replica's ``/v1/models`` and ``/metrics`` as the directory keeps them."""
-        models = await fetch(self.app, "/v1/models")
-        metrics = await fetch(self.app, "/metrics")
-        routed = tuple(multiplex.listed(self))
-        return Report(self.replica_id, json.loads(models)["data"], metrics.decode(), routed)
+    def report(self) -> Report:
+        """This replica's ``/v1/models`` rows and ``/metrics`` as the directory keeps them
+        (read from the state: the app's own request metrics do not count the reports)."""
+        rows = model_rows(self.state, manager=False)
+        metrics = self.state.metrics.render().decode()
+        return Report(self.replica_id, rows, metrics, tuple(multiplex.listed(self)))
 
     async def run_commands(self, commands: list[Command]) -> None:
         """Run the fleet's management commands in order through this replica's app."""
@@ -132,7 +126,7 @@ class VoxpoolReplica:
         while not self._stop.is_set():
             self._trim()
             try:
-                report = await self.report()
+                report = self.report()
                 await self.run_commands(
                     await self.directory.report.remote(report, self.epoch, self.done)
                 )
