@@ -17,9 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from starlette.responses import Response
+
 from server.http.errors import error_response
 from server.ray.directory import Ack
-from server.ray.exchange import Forwarded, Start
+from server.ray.exchange import Forwarded, Start, answer
 
 MANAGEMENT = frozenset(
     {
@@ -63,13 +65,11 @@ def merge(acks: Sequence[Ack]) -> tuple[Start, bytes]:
 
 
 def _json(status: int, body: bytes) -> tuple[Start, bytes]:
-    headers = ((b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)))
-    return Start(status, headers), body
+    return answer(Response(body, status, media_type="application/json"))
 
 
 def _busy(message: str) -> tuple[Start, bytes]:
-    response = error_response(503, message, "server_busy")
-    return Start(503, tuple(response.raw_headers)), bytes(response.body)
+    return answer(error_response(503, message, "server_busy"))
 
 
 async def broadcast(directory: Any, request: Forwarded, timeout_s: float) -> tuple[Start, bytes]:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message
 
 DISCONNECT_GRACE_S = 30.0
@@ -71,6 +72,12 @@ class Start:
 
 Part = Start | bytes
 """What a replica yields: one :class:`Start`, then the body in chunks."""
+
+
+def answer(response: Response) -> tuple[Start, bytes]:
+    """A whole Starlette response (an error's JSON, a merged answer) as a head and body."""
+    headers = tuple((bytes(k), bytes(v)) for k, v in response.raw_headers)
+    return Start(response.status_code, headers), bytes(response.body)
 
 
 async def replay(app: ASGIApp, request: Forwarded) -> AsyncIterator[Part]:

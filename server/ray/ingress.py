@@ -40,7 +40,7 @@ from server.http.errors import error_response
 from server.http.openapi import MODEL_ID
 from server.ray.broadcast import broadcast, is_management
 from server.ray.directory import directory, fleet_metrics, fleet_models
-from server.ray.exchange import Forwarded, Start
+from server.ray.exchange import Forwarded, Start, answer
 
 log = logging.getLogger("voxpool.ray")
 
@@ -197,10 +197,7 @@ class IngressApp:
                 request = attrs.evolve(request, avoid=(*request.avoid, last[0].replica))
         assert last is not None
         start, body = last
-        await send(
-            {"type": "http.response.start", "status": start.status, "headers": start.headers}
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _respond(send, start.status, body, None, start.headers)
 
     async def _attempt(
         self, handle: Any, request: Forwarded, send: Send
@@ -228,7 +225,7 @@ class IngressApp:
                     started = True
                 else:
                     await send({"type": "http.response.body", "body": part, "more_body": True})
-        except (asyncio.CancelledError, GeneratorExit):
+        except asyncio.CancelledError:
             parts.cancel()
             raise
         except Exception as exc:
@@ -242,11 +239,8 @@ class IngressApp:
 
 def _lost(exc: Exception) -> tuple[Start, bytes]:
     """The 503 a client gets when every try lost its replica."""
-    response = error_response(
-        503, f"the replica serving this request was lost ({type(exc).__name__})", "server_busy"
-    )
-    headers = tuple((bytes(k), bytes(v)) for k, v in response.raw_headers)
-    return Start(503, headers), bytes(response.body)
+    message = f"the replica serving this request was lost ({type(exc).__name__})"
+    return answer(error_response(503, message, "server_busy"))
 
 
 async def _respond(
