@@ -14,6 +14,7 @@ from typing import Any
 
 from server.families.base import SPEECH_RESPONSE_FORMATS, SpeechLimits
 from server.http.errors import ApiError, bad
+from server.runtime.phases import Phases
 
 MAX_PROMPT_CHARS = 2000
 """Longest Whisper ``prompt`` (the model keeps only its last 223 tokens anyway)."""
@@ -49,12 +50,22 @@ TEMPERATURE_RANGE = (0.0, 1.0)
 """A transcription's ``temperature``: the first of the fallback temperatures."""
 
 
-def timing(wall_s: float, audio_s: float | None) -> dict[str, Any]:
+def timing(wall_s: float, audio_s: float | None, phases: Phases | None = None) -> dict[str, Any]:
+    """A response's ``timing``: the route's wall time, the audio's length and real-time
+    factor, and where the runtime's part went (``queue_ms``, ``load_ms``, ``run_ms``)."""
     out: dict[str, Any] = {"wall_ms": round(wall_s * 1000.0, 3)}
+    if phases is not None:
+        out.update({f"{name}_ms": ms for name, ms in phases.durations_ms().items()})
     if audio_s is not None:
         out["audio_duration_ms"] = round(audio_s * 1000.0, 3)
         out["rtf"] = round(wall_s / audio_s, 6) if audio_s > 0 else None
     return out
+
+
+def server_timing(phases: Phases) -> dict[str, str]:
+    """The ``Server-Timing`` response header for a request's runtime phases."""
+    value = phases.server_timing()
+    return {"Server-Timing": value} if value else {}
 
 
 def require(spec_id: str, mode: str, what: str, allowed_modes: tuple[str, ...]) -> None:

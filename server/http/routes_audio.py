@@ -16,12 +16,19 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from server.audio import AudioError, b64decode, b64encode, load_for_model, wav_bytes
 from server.codecs import SPEECH_AUDIO, StreamEncoder, encode_speech, output_rate
-from server.families.http import SPEECH_FORMATS, TRANSCRIPT_FORMATS, speech_limit_error, timing
+from server.families.http import (
+    SPEECH_FORMATS,
+    TRANSCRIPT_FORMATS,
+    server_timing,
+    speech_limit_error,
+    timing,
+)
 from server.families.registry import limit_errors
 from server.http.body import boolean, busy_timeout, choice, form_fields, is_multipart, json_object
 from server.http.errors import bad
 from server.http.state import ServerState
 from server.http.streaming import LeasedResponse, sse_events
+from server.runtime.phases import Phases
 
 
 def state_of(request: Request) -> ServerState:
@@ -62,18 +69,20 @@ async def speech(request: Request) -> Response:
         adapter.check(spec.id, spec.mode, "stream")
         return await speech_stream(st, spec.id, req, timeout, stream_format, fmt)
     t0 = time.perf_counter()
+    phases = Phases()
     try:
-        result = await st.runtime.run(spec.id, req, timeout)
+        result = await st.runtime.run(spec.id, req, timeout, phases=phases)
     except limit_errors() as exc:
         raise speech_limit_error(exc, st.config) from None
     wall = time.perf_counter() - t0
     audio, rate = adapter.audio(result)
-    info = timing(wall, audio.size / rate)
+    info = timing(wall, audio.size / rate, phases)
     # encoding (up to max_speech_seconds of audio) happens off the event loop
     if fmt in ("json", "b64_json"):
         payload = await anyio.to_thread.run_sync(_speech_json, audio, rate, info)
-        return Response(payload, media_type="application/json")
+        return Response(payload, media_type="application/json", headers=server_timing(phases))
     headers = {
+        **server_timing(phases),
         "X-Voxpool-Wall-Ms": str(info["wall_ms"]),
         "X-Voxpool-Audio-Duration-Ms": str(info["audio_duration_ms"]),
         "X-Voxpool-Sample-Rate": str(output_rate(fmt, rate)),
@@ -278,14 +287,17 @@ async def transcriptions(request: Request) -> Response:
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
-    result = await st.runtime.run(spec.id, req, timeout)
-    info = timing(time.perf_counter() - t0, adapter.duration(result))
+    phases = Phases()
+    result = await st.runtime.run(spec.id, req, timeout, phases=phases)
+    info = timing(time.perf_counter() - t0, adapter.duration(result), phases)
+    headers = server_timing(phases)
     if fmt == "text":
-        return PlainTextResponse(result.text.strip() + "\n")
+        return PlainTextResponse(result.text.strip() + "\n", headers=headers)
     if fmt in ("srt", "vtt"):
         return PlainTextResponse(
             subtitles(result, fmt),
             media_type="text/vtt" if fmt == "vtt" else "application/x-subrip",
+            headers=headers,
         )
     payload = {"text": result.text.strip(), "timing": info}
     if fmt == "verbose_json":
@@ -293,7 +305,7 @@ async def transcriptions(request: Request) -> Response:
         payload["task"] = "transcribe"
         payload["language"] = "english"
         payload["text"] = result.text.strip()
-    return JSONResponse(payload)
+    return JSONResponse(payload, headers=headers)
 
 
 async def vad(request: Request) -> Response:
@@ -324,10 +336,11 @@ async def vad(request: Request) -> Response:
 
         return LeasedResponse(sse_events(events()), stack, "text/event-stream")
     t0 = time.perf_counter()
-    result = await st.runtime.run(spec.id, req, timeout)
+    phases = Phases()
+    result = await st.runtime.run(spec.id, req, timeout, phases=phases)
     payload = adapter.json(result, probabilities=probabilities)
-    payload["timing"] = timing(time.perf_counter() - t0, adapter.duration(result))
-    return JSONResponse(payload)
+    payload["timing"] = timing(time.perf_counter() - t0, adapter.duration(result), phases)
+    return JSONResponse(payload, headers=server_timing(phases))
 
 
 async def voices(request: Request) -> Response:

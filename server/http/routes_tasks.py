@@ -13,13 +13,14 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from server.families.http import MAX_BATCH, speech_limit_error, timing
+from server.families.http import MAX_BATCH, server_timing, speech_limit_error, timing
 from server.families.registry import limit_errors
 from server.http.body import busy_timeout, json_object
 from server.http.errors import bad
 from server.http.routes_audio import audio_input, open_leased_stream, state_of
 from server.http.state import ServerState
 from server.http.streaming import LeasedResponse, sse_events
+from server.runtime.phases import Phases
 from server.runtime.ports import ModelSpec
 
 
@@ -56,13 +57,15 @@ async def run(request: Request) -> Response:
     timeout = busy_timeout(body)
     req = await build(st, spec, inner(body), st.config.max_audio_seconds)
     t0 = time.perf_counter()
+    phases = Phases()
     try:
-        result = await st.runtime.run(spec.id, req, timeout)
+        result = await st.runtime.run(spec.id, req, timeout, phases=phases)
     except limit_errors() as exc:
         raise speech_limit_error(exc, st.config) from None
     payload = await anyio.to_thread.run_sync(result_json, st, spec, result)
-    payload["timing"] = timing(time.perf_counter() - t0, st.adapter(spec).duration(result))
-    return JSONResponse(payload)
+    wall = time.perf_counter() - t0
+    payload["timing"] = timing(wall, st.adapter(spec).duration(result), phases)
+    return JSONResponse(payload, headers=server_timing(phases))
 
 
 async def batch_requests(

@@ -49,6 +49,7 @@ from core.residency import Eviction, RoomDecision
 from server.runtime.batch_driver import BatchDriver
 from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.management import BulkResult, Management
+from server.runtime.phases import Phases
 from server.runtime.ports import (
     BatchingProvider,
     Clock,
@@ -289,17 +290,26 @@ class Runtime:
         return wait.lease
 
     @asynccontextmanager
-    async def acquire(self, model: str, timeout_ms: int | None = None) -> AsyncIterator[Held]:
+    async def acquire(
+        self, model: str, timeout_ms: int | None = None, *, phases: Phases | None = None
+    ) -> AsyncIterator[Held]:
         """Hold one request lease on ``model``'s pool (loaded first if needed) for the body.
 
-        The lease is released when the body ends, however it ends.
+        The lease is released when the body ends, however it ends. ``phases``, when
+        given, gets the instants the request asked, was admitted and had its session.
         """
         timeout = self.request_timeout(model, timeout_ms)
         now = self.clock.now()
+        if phases is not None:
+            phases.requested = now
         ticket = self.core.new_ticket(now)
         lease = await self.admit(model, ticket, self.core.request(model, ticket, now, timeout))
+        if phases is not None:
+            phases.admitted = self.clock.now()
         try:
             session = await self.ensure_loaded(model, lease)
+            if phases is not None:
+                phases.ready = self.clock.now()
             key = (model, lease.request_slot())
             if key in self.in_use:
                 raise InvariantBroken(
@@ -538,10 +548,22 @@ class Runtime:
             results = await self.provider.batch(held.session, requests)
         return results
 
-    async def run(self, model: str, request: Any, timeout_ms: int | None = None) -> Any:
-        """Run one request to completion on a leased session."""
-        async with self.acquire(model, timeout_ms) as held:
-            return await self.run_on(held, request)
+    async def run(
+        self,
+        model: str,
+        request: Any,
+        timeout_ms: int | None = None,
+        *,
+        phases: Phases | None = None,
+    ) -> Any:
+        """Run one request to completion on a leased session (``phases``: see ``acquire``;
+        ``finished`` is when the work ended, however it ended)."""
+        async with self.acquire(model, timeout_ms, phases=phases) as held:
+            try:
+                return await self.run_on(held, request)
+            finally:
+                if phases is not None:
+                    phases.finished = self.clock.now()
 
     async def batch(
         self, model: str, requests: Sequence[Any], timeout_ms: int | None = None
