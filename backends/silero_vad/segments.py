@@ -1,7 +1,8 @@
 """Speech segments from per-chunk probabilities: silero's decision rules, on the host.
 
-Offline (:func:`speech_segments`, silero ``get_speech_timestamps`` with
-``max_speech_duration_s=inf``), with 512-sample chunks, chunk i at sample 512*i:
+Offline (:func:`speech_segments`, silero ``get_speech_timestamps``; with
+``max_speech_s``, faster-whisper's copy of it, which long audio is cut with before
+batched Whisper decoding), with 512-sample chunks, chunk i at sample 512*i:
 
 * speech starts at the first chunk with ``p >= threshold`` (while not in speech);
 * in speech, a chunk with ``p < neg_threshold`` (default ``threshold - 0.15``,
@@ -26,6 +27,7 @@ emitted at the last sample.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import attrs
@@ -34,6 +36,7 @@ import numpy as np
 from backends.silero_vad.types import SAMPLE_RATE, SpeechSegment, VadEvent, VadOptions
 
 CHUNK = 512
+MIN_SILENCE_AT_MAX_SPEECH_MS = 98  # a silence a max-speech cut may use
 
 
 def _samples(ms: float) -> float:
@@ -41,32 +44,62 @@ def _samples(ms: float) -> float:
 
 
 def speech_segments(
-    probs: Sequence[float] | np.ndarray, num_samples: int, options: VadOptions
+    probs: Sequence[float] | np.ndarray,
+    num_samples: int,
+    options: VadOptions,
+    max_speech_s: float = math.inf,
 ) -> tuple[SpeechSegment, ...]:
-    """Port of ``get_speech_timestamps`` (default max speech duration: unbounded)."""
+    """Port of ``get_speech_timestamps``; ``max_speech_s`` as faster-whisper's copy has it.
+
+    With ``max_speech_s`` finite (default: unbounded, which changes nothing), speech
+    that has lasted longer than ``max_speech_s`` minus one chunk and both pads is
+    cut at the start of the last silence of more than 98 ms seen in it, speech then
+    resuming where it came back (or, if it has not, after that silence); without
+    such a silence it is cut at the current chunk. This is the rule of
+    ``faster_whisper.vad.get_speech_timestamps`` (1.2.1); silero's own now
+    prefers the longest such silence.
+    """
     threshold, neg = options.threshold, options.exit_threshold
     min_speech = _samples(options.min_speech_duration_ms)
     min_silence = _samples(options.min_silence_duration_ms)
     pad = _samples(options.speech_pad_ms)
+    max_speech = SAMPLE_RATE * max_speech_s - CHUNK - 2 * pad
+    min_silence_at_max_speech = _samples(MIN_SILENCE_AT_MAX_SPEECH_MS)
 
     raw: list[list[int]] = []
     start: int | None = None
     temp_end = 0
+    prev_end = next_start = 0  # where to cut, and to resume, should max_speech be reached
     for i, prob in enumerate(probs):
         p, cur = float(prob), CHUNK * i
         if p >= threshold and temp_end:
             temp_end = 0
+            if next_start < prev_end:
+                next_start = cur
         if p >= threshold and start is None:
             start = cur
             continue
+        if start is not None and cur - start > max_speech:
+            if prev_end:
+                raw.append([start, prev_end])
+                start = None if next_start < prev_end else next_start
+                prev_end = next_start = temp_end = 0
+            else:
+                raw.append([start, cur])
+                start = None
+                prev_end = next_start = temp_end = 0
+                continue
         if p < neg and start is not None:
             if not temp_end:
                 temp_end = cur
+            if cur - temp_end > min_silence_at_max_speech:
+                prev_end = temp_end
             if cur - temp_end < min_silence:
                 continue
             if temp_end - start > min_speech:
                 raw.append([start, temp_end])
-            start, temp_end = None, 0
+            start = None
+            prev_end = next_start = temp_end = 0
     if start is not None and num_samples - start > min_speech:
         raw.append([start, num_samples])
 

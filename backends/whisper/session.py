@@ -18,6 +18,10 @@ which advances many requests' programs in shared encoder passes and decoder step
 Sampling (temperature fallback) draws from a numpy ``Generator`` seeded by the
 request's ``seed`` and created per request, so a request gives the same result
 on any session, whatever ran before.
+
+A request with ``vad_chunking`` (:mod:`backends.whisper.pieces`) runs through a
+batched engine of one member (its pieces decoded together as rows of the
+engine's batched steps), so it gives the same tokens as on a batching model.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import importlib.resources
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from backends.base import ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
@@ -34,8 +38,10 @@ from backends.whisper.alignment import alignment_heads as find_alignment_heads
 from backends.whisper.batched import WhisperEngine
 from backends.whisper.ct2_reader import read_ct2_model
 from backends.whisper.longform import Segment, Window
+from backends.whisper.pieces import SpeechFinder
 from backends.whisper.tokenizer import WhisperTokenizer
 from backends.whisper.types import WhisperRequest, WhisperResult
+from core.engine import Member
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
 
 FAMILY: Final = "whisper"
@@ -60,6 +66,7 @@ class WhisperSession(HasIdentity):
         self.tokenizer = factory.tokenizer
         self._config = factory.config
         self.alignment_heads = factory.alignment_heads
+        self._speech = factory.speech
         self._state: model.DecoderState | None = model.DecoderState(self.backend, self.weights)
 
     @property
@@ -69,10 +76,18 @@ class WhisperSession(HasIdentity):
         return self._state
 
     def run(self, request: WhisperRequest) -> WhisperResult:
+        if program.checked(request).vad_chunking:
+            (out,) = self._chunked(request, stream=False)
+            if not isinstance(out, WhisperResult):
+                raise TypeError(f"whisper: expected a WhisperResult, got {type(out).__name__}")
+            return out
         return program.result(request, list(self._windows(request)))
 
     def stream(self, request: WhisperRequest) -> Iterator[Segment]:
-        """Yield segments as each 30 s window is decoded."""
+        """Yield segments as each 30 s window is decoded (VAD-chunked: as each piece is)."""
+        if program.checked(request).vad_chunking:
+            yield from self._chunked(request, stream=True)
+            return
         for window in self._windows(request):
             yield from window.segments
 
@@ -86,6 +101,30 @@ class WhisperSession(HasIdentity):
         self._state = None
 
     # ---- internals --------------------------------------------------------
+    def _chunked(self, request: WhisperRequest, stream: bool) -> Iterator[Any]:
+        """A VAD-chunked request through an engine of one member (see the module doc)."""
+        self.state.clear()  # the session is open; the engine has states of its own
+        engine = WhisperEngine(
+            self.backend,
+            self.weights,
+            self.tokenizer,
+            self._config,
+            self.alignment_heads,
+            1,
+            self._speech,
+        )
+        try:
+            (emitted,) = engine.join([Member(0, request, stream)])
+            while True:
+                if emitted.error is not None:
+                    raise emitted.error
+                yield from emitted.chunks
+                if emitted.done:
+                    return
+                (emitted,) = engine.step([0])
+        finally:
+            engine.close()
+
     def _windows(self, request: WhisperRequest) -> Iterator[Window]:
         """The request's program, every operation run on this session's decoder state."""
         state = self.state
@@ -117,6 +156,7 @@ class WhisperFactory(HasIdentity):
         self.alignment_heads = find_alignment_heads(
             self.config, len(self.weights.dec_layers), self.weights.dec_heads
         )
+        self.speech = SpeechFinder(backend)  # Silero VAD for vad_chunking, loaded on first use
 
     def capacity(self) -> int:
         return MAX_PARALLEL_SESSIONS
@@ -134,6 +174,7 @@ class WhisperFactory(HasIdentity):
             self.config,
             self.alignment_heads,
             max_batch,
+            self.speech,
         )
 
     def clone(self, primary: WhisperSession) -> WhisperSession:

@@ -50,6 +50,11 @@ class WhisperRequest:
     VAD off: temperature fallback over ``(0.0, 0.2, ..., 1.0)`` (a single float is
     one temperature, no fallback), sampling seeded by ``seed``, word timestamps
     off. ``initial_prompt`` is text (OpenAI's ``prompt``) or token ids.
+
+    ``vad_chunking`` (off by default) transcribes long audio as faster-whisper's
+    batched pipeline does: Silero VAD cuts it at silences into pieces of at most
+    30 s, decoded together as one batch, each without the text of the others
+    (:mod:`backends.whisper.pieces`).
     """
 
     audio: np.ndarray = attrs.field(converter=_as_audio)
@@ -72,6 +77,7 @@ class WhisperRequest:
     prepend_punctuations: str = PREPEND_PUNCTUATIONS
     append_punctuations: str = APPEND_PUNCTUATIONS
     record_top2: bool = False  # debug: keep each step's two best masked logits
+    vad_chunking: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.sample_rate != SAMPLE_RATE:
@@ -84,9 +90,14 @@ class WhisperRequest:
 
 @attrs.frozen
 class WhisperResult:
-    """The transcript: joined text, segments, audio duration (s) and the decoded windows."""
+    """The transcript: joined text, segments, audio duration (s) and the decoded windows.
+
+    ``pieces``: with ``vad_chunking``, the (start, end) seconds of each piece the
+    audio was cut into; empty otherwise.
+    """
 
     text: str
     segments: tuple[Segment, ...]
     duration: float
     windows: tuple[Window, ...]
+    pieces: tuple[tuple[float, float], ...] = ()
