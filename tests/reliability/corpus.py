@@ -149,6 +149,16 @@ SPEECH_NUMBERS = {
     "seed": (0, 2**64 - 1, True),
     "busy_timeout_ms": (0, 2**53 - 1, True),
 }
+BAD_BOOLEANS: dict[str, Any] = {
+    "string-maybe": "maybe",
+    "string-yes": "yes",
+    "number-2": 2,
+    "number-1": 1,
+    "array": [True],
+    "object": {"on": True},
+    "empty-string": "",
+}
+"""JSON values a boolean field refuses (JSON true/false, or "true"/"1"/"false"/"0"... only)."""
 VAD_NUMBERS = {
     "threshold": (0.0, 1.0, False),
     "min_speech_duration_ms": (0.0, 3_600_000.0, False),
@@ -317,6 +327,16 @@ def form_cases(hello: bytes, limits: Limits) -> list[Case]:
             file=("a.wav", hello),
         )
     )
+    for name, value in {"maybe": "maybe", "two": "2", "empty": "", "upper": "TRUE"}.items():
+        out.append(
+            form(
+                f"form-asr-vad_chunking-{name}",
+                "/v1/audio/transcriptions",
+                {**asr, "vad_chunking": value},
+                contains="'vad_chunking'",
+                file=("a.wav", hello),
+            )
+        )
     multipart = {"content-type": "multipart/form-data"}
     out.append(
         Case(
@@ -595,6 +615,15 @@ def wav_cases(hello: bytes) -> list[Case]:
             contains="prompt",
         )
     )
+    for name, value in BAD_BOOLEANS.items():  # issue #14's option
+        out.append(
+            post(
+                f"asr-vad_chunking-{name}",
+                "/v1/audio/transcriptions",
+                {"model": "whisper", "audio_base64": b64(hello), "vad_chunking": value},
+                contains="'vad_chunking'",
+            )
+        )
     return out
 
 
@@ -776,6 +805,18 @@ def task_cases(hello: bytes, limits: Limits) -> list[Case]:
             run,
             {"model": "silero_vad", "request": {"audio_path": "\0"}},
             contains="NUL",
+        ),
+        post(
+            "run-asr-vad_chunking-yes",
+            run,
+            {"model": "whisper", "request": {**entry, "vad_chunking": "yes"}},
+            contains="'vad_chunking'",
+        ),
+        post(
+            "batch-asr-vad_chunking-number",
+            batch,
+            {"model": "whisper", "requests": [{**entry, "vad_chunking": 2}]},
+            contains="'vad_chunking'",
         ),
     ]
 

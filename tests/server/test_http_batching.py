@@ -95,6 +95,20 @@ def together(server: LiveServer, call: Any, names: tuple[str, ...]) -> list[http
         return list(pool.map(one, names))
 
 
+def test_vad_chunking_on_batched_and_unbatched_models_agree(
+    batched: LiveServer, http: httpx.Client
+) -> None:
+    """A long file cut at silences (issue #14): the batching model runs the pieces in its engine,
+    the unbatched one in an engine of its own; the same batches, the same transcript."""
+    with batched.client() as client:
+        ours = transcribe(client, "story", vad_chunking="true")
+    theirs = transcribe(http, "story", vad_chunking="true")
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    assert ours.json()["text"] == theirs.json()["text"]
+    assert ours.json()["segments"] == theirs.json()["segments"]
+    assert ours.json()["segments"] != transcribe(http, "story").json()["segments"]
+
+
 def test_models_list_shows_batching(batched: LiveServer) -> None:
     assert batched.model("whisper")["batching"] is True
     assert batched.model("silero_vad")["batching"] is True

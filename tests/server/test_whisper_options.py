@@ -1,6 +1,6 @@
 """Whisper's OpenAI transcription options through a live server and the unmodified
 ``openai`` client: ``timestamp_granularities[]`` (word timestamps in verbose_json),
-``temperature``, ``seed``, ``prompt``.
+``temperature``, ``seed``, ``prompt``; and voxpool's ``vad_chunking`` (issue #14).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import httpx
 import openai
 import pytest
 
-from tests.server.live import HELLO_WAV, LiveServer
+from tests.models.whisper_audio import DATA as WHISPER_DATA
+from tests.models.whisper_audio import FIXTURES, word_error_rate
+from tests.server.live import HELLO_WAV, LiveServer, parse_sse, silence_wav
 
 ROUTE = "/v1/audio/transcriptions"
 
@@ -96,6 +98,9 @@ def test_sampling_temperature_is_seeded(http: httpx.Client, hello_wav: bytes) ->
         ({"timestamp_granularities": {"word": True}}, "timestamp_granularities"),
         ({"timestamp_granularities": ["word"] * 9}, "timestamp_granularities"),
         ({"timestamp_granularities[]": [1]}, "timestamp_granularities"),
+        ({"vad_chunking": "maybe"}, "vad_chunking"),
+        ({"vad_chunking": 2}, "vad_chunking"),
+        ({"vad_chunking": [True]}, "vad_chunking"),
     ],
 )
 def test_invalid_options_are_400(
@@ -115,6 +120,72 @@ def test_invalid_multipart_granularity_is_400(http: httpx.Client, hello_wav: byt
     )
     assert r.status_code == 400, r.text
     assert "timestamp_granularities" in r.json()["error"]["message"]
+
+
+def test_invalid_multipart_vad_chunking_is_400(http: httpx.Client, hello_wav: bytes) -> None:
+    r = http.post(
+        ROUTE,
+        files={"file": ("hello.wav", hello_wav, "audio/wav")},
+        data={"model": "whisper", "vad_chunking": "yes"},
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and "'vad_chunking'" in error["message"]
+
+
+def _verbose(http: httpx.Client, audio: bytes, **fields: str) -> dict[str, Any]:
+    r = http.post(
+        ROUTE,
+        files={"file": ("a.wav", audio, "audio/wav")},
+        data={"model": "whisper", "response_format": "verbose_json", **fields},
+    )
+    assert r.status_code == 200, r.text
+    return {k: v for k, v in r.json().items() if k != "timing"}
+
+
+def test_vad_chunking_off_is_the_default(http: httpx.Client, hello_wav: bytes) -> None:
+    assert _verbose(http, hello_wav, vad_chunking="false") == _verbose(http, hello_wav)
+
+
+def test_vad_chunking_transcribes_a_long_file_in_pieces(http: httpx.Client) -> None:
+    """story.wav (54.7 s) in two pieces: times inside the file and in order; multipart, JSON
+    and the SSE stream agree."""
+    story = (WHISPER_DATA / "story.wav").read_bytes()
+    form = _verbose(http, story, vad_chunking="true")
+    segments = form["segments"]
+    assert all(0 <= s["start"] <= s["end"] <= form["duration"] for s in segments)
+    assert [s["start"] for s in segments] == sorted(s["start"] for s in segments)
+    reference = next(str(f["text"]) for f in FIXTURES if f["name"] == "story")
+    assert word_error_rate(reference, form["text"]) < 0.1
+    as_json = http.post(
+        ROUTE,
+        json={
+            "model": "whisper",
+            "audio_base64": _b64(story),
+            "response_format": "verbose_json",
+            "vad_chunking": True,
+        },
+    )
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.json()["segments"] == segments
+    streamed = http.post(
+        ROUTE,
+        files={"file": ("story.wav", story, "audio/wav")},
+        data={"model": "whisper", "stream": "true", "vad_chunking": "1"},
+    )
+    assert streamed.status_code == 200, streamed.text
+    events = [e for e in parse_sse(streamed.text) if isinstance(e, dict)]
+    deltas = [e for e in events if e["type"] == "transcript.text.delta"]
+    assert [(d["segment"]["start"], d["segment"]["end"]) for d in deltas] == [
+        (s["start"], s["end"]) for s in segments
+    ]
+    (done,) = [e for e in events if e["type"] == "transcript.text.done"]
+    assert done["text"] == form["text"]
+
+
+def test_vad_chunking_of_silence_is_empty(http: httpx.Client) -> None:
+    body = _verbose(http, silence_wav(5.0), vad_chunking="true")
+    assert (body["text"], body["segments"], body["duration"]) == ("", [], 5.0)
 
 
 @pytest.fixture()
