@@ -201,10 +201,19 @@ class WhisperEngine:
         self._settle(member)
 
     def _settle(self, member: _Member) -> None:
-        """A chunked member: keep what its ended pieces decoded, start its next pieces."""
+        """A chunked member: keep what its ended pieces decoded, start its next pieces.
+
+        What fails here (a decoder state that cannot be had) is the member's error.
+        """
         chunked = member.chunked
         if chunked is None or member.error is not None:
             return
+        try:
+            self._next_pieces(member, chunked)
+        except Exception as error:  # this member only
+            member.error = error
+
+    def _next_pieces(self, member: _Member, chunked: Chunked) -> None:
         while True:
             for row in [r for r in member.rows if r.waiting is None]:
                 chunked.finish(row.piece, row.windows)

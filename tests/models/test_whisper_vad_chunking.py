@@ -24,6 +24,7 @@ from backends.whisper import (
     WhisperResult,
     Window,
     batched,
+    model,
 )
 from backends.whisper.decoding import WindowResult
 from backends.whisper.pieces import MAX_PIECE_SAMPLES, MAX_PIECE_SECONDS, Chunked, Span, merge
@@ -255,3 +256,23 @@ def test_chunked_member_among_other_members(whisper_factory: WhisperFactory) -> 
     session = whisper_factory.create()
     for entries, request in zip(seen, requests, strict=True):
         assert _matches(_result(entries), session.run(request)) in ("identical", "near tie")
+
+
+def test_a_chunked_member_that_cannot_start_a_piece_fails_alone(
+    whisper_factory: WhisperFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece whose decoder state cannot be had (the device out of memory) fails its request
+    only, as any member's failure: the member that joined with it decodes as if alone."""
+    short = WhisperRequest(_audio("short"))
+    expected = whisper_factory.create().run(short)
+    engine = whisper_factory.engine(2)
+
+    def out_of_memory(*args: object) -> model.DecoderState:
+        raise MemoryError("no room for a decoder state")
+
+    monkeypatch.setattr(model, "DecoderState", out_of_memory)  # the story's second piece needs one
+    story = WhisperRequest(_audio("story"), vad_chunking=True)
+    chunked, whole = _drive(engine, [(story, False), (short, False)])
+    (failed,) = chunked
+    assert isinstance(failed.error, MemoryError) and not failed.chunks and not failed.done
+    assert _result(whole) == expected
