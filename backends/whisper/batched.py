@@ -31,8 +31,10 @@ cut at silences by Silero VAD when it joins; its pieces are programs of their ow
 rows of the same batched operations as every other program (up to
 :data:`~backends.whisper.pieces.PIECE_BATCH` at a time, the next piece starting
 when one ends), each on a decoder state of its own (the member's slot's, then
-spare states the engine keeps for this). The session runs such a request through
-an engine of one member, so both paths decode the same batches.
+states allocated for its further pieces, reused by its later pieces and dropped
+when it leaves: the engine keeps no more states than its slots). The session
+runs such a request through an engine of one member, so both paths decode the
+same batches.
 
 Batched products round differently from one-row products (float32), so token ids
 can differ from the unbatched session only where the top two logits are a near
@@ -78,7 +80,7 @@ class _Member:
     stream: bool
     rows: list[_Row]  # a whole request: one row; chunked: its pieces being decoded
     chunked: Chunked | None = None
-    states: list[model.DecoderState] = attrs.field(factory=list)  # chunked: every state it holds
+    states: list[model.DecoderState] = attrs.field(factory=list)  # chunked: its slot's and its own
     free: list[model.DecoderState] = attrs.field(factory=list)  # chunked: those no row uses
     error: BaseException | None = None
 
@@ -112,7 +114,6 @@ class WhisperEngine:
         self._max_batch = max_batch
         self._speech = speech if speech is not None else SpeechFinder(backend)
         self._states = [model.DecoderState(backend, weights) for _ in range(max_batch)]
-        self._spare: list[model.DecoderState] = []  # for chunked members' further pieces
         self._members: dict[int, _Member] = {}
 
     @property
@@ -160,16 +161,13 @@ class WhisperEngine:
         for row in member.rows:
             row.program.close()
             row.executor.state.clear()
-        for state in member.states:
+        for state in member.states:  # the slot's is kept; a chunked member's own are dropped
             state.clear()
-            if state is not self._states[key]:
-                self._spare.append(state)
 
     def close(self) -> None:
         for key in list(self._members):
             self.leave(key)
         self._states = []
-        self._spare = []
 
     # ---- internals ---------------------------------------------------------
     def _admit(self, member: Member) -> _Member:
@@ -230,10 +228,11 @@ class WhisperEngine:
                 return
 
     def _state_for(self, member: _Member) -> model.DecoderState:
-        """A decoder state for a chunked member's next piece."""
+        """A decoder state for a chunked member's next piece: one an ended piece of it freed, or
+        a new one (the member's own until it leaves)."""
         if member.free:
             return member.free.pop()
-        state = self._spare.pop() if self._spare else model.DecoderState(self.backend, self.weights)
+        state = model.DecoderState(self.backend, self.weights)
         member.states.append(state)
         return state
 
