@@ -117,6 +117,17 @@ def ongoing_bounds(slots: Sequence[int], max_queue: Limit) -> tuple[int, int]:
     return held, sum(slots)
 
 
+RETRY_PAUSE_S = 0.05
+"""How long a router in front of replicas (voxpool's Ray ingress, and the fleet simulator's
+model of it) pauses before trying a busy request again elsewhere: the n-th retry waits n
+times this."""
+
+
+def retry_pause(attempt: int) -> float:
+    """The pause before retry ``attempt`` (1, 2, ...) of a request a replica refused."""
+    return RETRY_PAUSE_S * attempt
+
+
 def ms_to_seconds(ms: int) -> float | None:
     """Milliseconds as config files and HTTP fields write them (0: no limit) as the seconds
     that typed APIs take (None: no limit)."""

@@ -34,6 +34,7 @@ import attrs
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
+from core.policy import retry_pause
 from server.config import ServerConfig
 from server.http.body import BodyLimit
 from server.http.errors import error_response
@@ -43,9 +44,6 @@ from server.ray.directory import directory, fleet_metrics, fleet_models
 from server.ray.exchange import Forwarded, Start, answer
 
 log = logging.getLogger("voxpool.ray")
-
-RETRY_PAUSE_S = 0.05
-"""The pause before the n-th retry is n times this."""
 
 MODEL_FIELDS = {"/v1/models/load": "id", "/v1/models/unload": "id"}
 """Routes whose model is named by another field than ``model``."""
@@ -188,8 +186,8 @@ class IngressApp:
         last: tuple[Start, bytes] | None = None
         for attempt in range(self.retries + 1):
             if attempt:
-                await asyncio.sleep(RETRY_PAUSE_S * attempt)
-            outcome = await self._attempt(handle, request, send)
+                await asyncio.sleep(retry_pause(attempt))
+            outcome = await self._attempt(handle, request, send, attempt + 1)
             if outcome is None:
                 return
             last = outcome
@@ -197,12 +195,13 @@ class IngressApp:
                 request = attrs.evolve(request, avoid=(*request.avoid, last[0].replica))
         assert last is not None
         start, body = last
-        await _respond(send, start.status, body, None, start.headers)
+        await _respond(send, start.status, body, None, _tried(start.headers, self.retries + 1))
 
     async def _attempt(
-        self, handle: Any, request: Forwarded, send: Send
+        self, handle: Any, request: Forwarded, send: Send, attempt: int
     ) -> tuple[Start, bytes] | None:
-        """One try: None when the response went to the client, else the 503 to retry on."""
+        """One try (the ``attempt``-th): None when the response went to the client, else the
+        503 to retry on."""
         started = False
         parts = handle.handle.remote(request)
         try:
@@ -213,13 +212,13 @@ class IngressApp:
                         body = b"".join([p async for p in parts if isinstance(p, bytes)])
                         if is_busy(start, body):
                             return start, body
-                        await _respond(send, 503, body, None, start.headers)
+                        await _respond(send, 503, body, None, _tried(start.headers, attempt))
                         return None
                     await send(
                         {
                             "type": "http.response.start",
                             "status": start.status,
-                            "headers": start.headers,
+                            "headers": _tried(start.headers, attempt),
                         }
                     )
                     started = True
@@ -235,6 +234,17 @@ class IngressApp:
             return _lost(exc)
         await send({"type": "http.response.body", "body": b""})
         return None
+
+
+ATTEMPTS_HEADER = b"x-voxpool-attempts"
+"""How many replicas the ingress tried for the answer (1: the first one answered)."""
+
+
+def _tried(
+    headers: tuple[tuple[bytes, bytes], ...], attempts: int
+) -> tuple[tuple[bytes, bytes], ...]:
+    """A replica's answer headers plus the ingress's attempt count."""
+    return (*headers, (ATTEMPTS_HEADER, str(attempts).encode()))
 
 
 def _lost(exc: Exception) -> tuple[Start, bytes]:

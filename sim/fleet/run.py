@@ -20,10 +20,12 @@ from collections.abc import Callable, Iterator
 import trio
 import trio.testing
 
+from core.policy import retry_pause
 from server.runtime import BusyError, Runtime
 from sim.clock import SimClock, seed_trio
 from sim.fleet.arrivals import Arrival, arrivals
 from sim.fleet.autoscaler import Autoscaler
+from sim.fleet.pending import Pending, PendingRequests
 from sim.fleet.replica import Replica, ReplicaState
 from sim.fleet.router import Router, RoutingContext
 from sim.fleet.stats import (
@@ -78,6 +80,7 @@ class Fleet:
         self.router = Router(
             workload.router, workload.max_ongoing, random.Random(f"voxpool-fleet-router:{seed}")
         )
+        self.pending = PendingRequests(lambda: len(self.router.routable), self.router.sent)
         self.monitors = monitors
         self.runtime_factory = runtime_factory
         self.replicas: list[Replica] = []
@@ -135,6 +138,7 @@ class Fleet:
         self.scale.append((self.clock.now(), running))
         self.changed.set()
         self.changed = trio.Event()
+        self.pending.wake()
 
     def live(self) -> list[Replica]:
         """Replicas starting or running (what the controller counts toward its target)."""
@@ -250,11 +254,15 @@ class Fleet:
                     self.stop_replica(r)
 
     async def _client(self, a: Arrival) -> None:
-        """One request: route it (with back-pressure and backoff), send it, retry a replica's
-        503 on another replica, or a request whose replica died, while retries last (as
-        voxpool's Ray ingress does), and record how it ended."""
+        """One request: reach the router (``hop_s``), route it (with back-pressure and
+        backoff), send it, retry a replica's 503 on another replica, or a request whose
+        replica died, while retries last (as voxpool's Ray ingress does), and record how it
+        ended."""
         router, clock = self.router, self.clock
         rec = self.recorder
+        way_in = self.workload.router.hop_s / 2  # the other half: the answer's way back
+        if way_in > 0:  # the proxy and the ingress before the router sees it
+            await clock.sleep(way_in)
         if not router.admit():
             rec.record(BACKPRESSURE, clock.now() - a.at, None, a.model)
             return
@@ -265,15 +273,7 @@ class Fleet:
         queued = True
         try:
             while True:
-                rid = router.pick(a.model, ctx, clock.now(), avoid)
-                if rid is None:
-                    if not router.routable:
-                        await self.changed.wait()
-                        continue
-                    delay = router.backoff(ctx)
-                    if delay > 0:
-                        await clock.sleep(delay)
-                    continue
+                rid = await self._route(a, ctx, avoid)
                 router.queued -= 1
                 queued = False
                 outcome = await self._send(rid, a)
@@ -284,6 +284,7 @@ class Fleet:
                     rec.lost_on(rid)
                 if outcome in (BUSY, FAILED) and retries < self.workload.router.retries:
                     retries += 1
+                    await clock.sleep(retry_pause(retries) + way_in)  # the ingress's pause
                     if outcome == BUSY:  # a dead replica leaves the router by itself
                         avoid.append(rid)
                     ctx = RoutingContext(a.at)
@@ -302,31 +303,66 @@ class Fleet:
             if queued:
                 router.queued -= 1
 
+    async def _route(self, a: Arrival, ctx: RoutingContext, avoid: list[int]) -> int:
+        """The replica request ``a`` is given (and counted as sent to): it waits for a
+        routing task in arrival order; its task tries replicas with backoff; a replica that
+        any task finds for its model goes to the model's oldest pending request
+        (:mod:`sim.fleet.pending`)."""
+        router, clock = self.router, self.clock
+        pending = Pending(a.model, ctx, avoid)
+        self.pending.add(pending)
+        try:
+            while pending.replica is None:
+                if not pending.routing:
+                    await pending.wait(clock, None)
+                    continue
+                rid = router.pick(a.model, ctx, clock.now(), avoid)
+                if rid is not None:
+                    self.pending.found(a.model, rid)
+                    continue
+                if not router.routable:
+                    await self.changed.wait()
+                    continue
+                delay = router.backoff(ctx)
+                if delay > 0:
+                    await pending.wait(clock, delay)
+        except BaseException:
+            if pending.replica is None:
+                self.pending.remove(pending)
+            else:
+                router.done(pending.replica)
+            raise
+        return pending.replica
+
     async def _send(self, rid: int, a: Arrival) -> str:
         """Run the request on replica ``rid``'s runtime: ok, busy, failed (the replica died
-        under it) or error."""
+        under it) or error. The answer's way back (half the hop) ends it: Ray counts the
+        request on its replica until the answer has streamed out."""
         replica = self.replicas[rid]
         router = self.router
-        router.sent(rid)
         self.recorder.sent_to(rid)
         outcome = OK
-        with trio.CancelScope() as scope:
-            replica.inflight[a.n] = scope
-            try:
-                await replica.rt.run(a.model, {"duration": a.duration})
-            except BusyError:
-                outcome = BUSY
-            except trio.Cancelled:
-                raise
-            except Exception:
-                outcome = ERROR
-            finally:
-                del replica.inflight[a.n]
-                router.done(rid)
-                replica.request_ended()
-        if a.n in replica.killed:
-            return FAILED
-        return outcome
+        try:
+            with trio.CancelScope() as scope:
+                replica.inflight[a.n] = scope
+                try:
+                    await replica.rt.run(a.model, {"duration": a.duration})
+                except BusyError:
+                    outcome = BUSY
+                except trio.Cancelled:
+                    raise
+                except Exception:
+                    outcome = ERROR
+                finally:
+                    del replica.inflight[a.n]
+                    replica.request_ended()
+            if a.n in replica.killed:
+                return FAILED
+            if self.workload.router.hop_s > 0:
+                await self.clock.sleep(self.workload.router.hop_s / 2)
+            return outcome
+        finally:
+            router.done(rid)
 
     # ------------------------------------------------------------- summary
     def summary(self) -> FleetSummary:

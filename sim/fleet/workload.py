@@ -36,6 +36,10 @@ Format (every field optional unless marked)::
     backoff_initial_s = 0.025      # Ray's routing backoff
     backoff_multiplier = 2.0
     backoff_max_s = 0.5
+    hop_s = 0.0                    # the time a try spends between the client and a
+                                   # replica outside the runtime (HTTP proxy, ingress,
+                                   # handle, the answer's way back): before the first
+                                   # try is routed, and again before each retry
 
     [autoscaling]                  # omit for a fixed fleet
     min_replicas = 1
@@ -174,6 +178,7 @@ class RouterSettings:
     backoff_initial_s: float = 0.025
     backoff_multiplier: float = 2.0
     backoff_max_s: float = 0.5
+    hop_s: float = 0.0
 
 
 @attrs.frozen
@@ -397,6 +402,7 @@ def _router(raw: Any) -> RouterSettings:
         backoff_initial_s=t.number("backoff_initial_s", 0.025),
         backoff_multiplier=t.number("backoff_multiplier", 2.0, minimum=1.0),
         backoff_max_s=t.number("backoff_max_s", 0.5),
+        hop_s=t.number("hop_s", 0.0),
     )
     t.done()
     return out

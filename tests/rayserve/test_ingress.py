@@ -95,7 +95,7 @@ def test_a_plain_answer_passes_through_with_the_model_as_the_multiplexed_id() ->
     handle = ScriptedHandle(OK)
     r = post(handle, **SPEECH)
     assert (r.status_code, r.content) == (200, b"RIFFdata")
-    assert r.headers["content-type"] == "audio/wav"
+    assert r.headers["content-type"] == "audio/wav" and r.headers["x-voxpool-attempts"] == "1"
     assert handle.options_seen == [{"stream": True, "multiplexed_model_id": "piper"}]
 
 
@@ -103,6 +103,7 @@ def test_a_busy_replica_is_retried_avoiding_it_and_the_client_sees_the_success()
     handle = ScriptedHandle(busy_parts(replica="r1"), busy_parts(replica="r2"), OK)
     r = post(handle, **SPEECH)
     assert (r.status_code, handle.calls) == (200, 3)
+    assert r.headers["x-voxpool-attempts"] == "3"
     assert handle.options_seen == [{"stream": True, "multiplexed_model_id": "piper"}]
     assert [req.avoid for req in handle.requests] == [(), ("r1",), ("r1", "r2")]
 
@@ -112,7 +113,7 @@ def test_when_every_try_is_busy_the_client_gets_the_last_503_with_retry_after() 
     r = post(handle, **SPEECH)
     assert (r.status_code, handle.calls) == (503, 3)
     assert r.json()["error"] == {"message": "c", "type": "server_busy"}
-    assert r.headers["retry-after"] == "2"
+    assert r.headers["retry-after"] == "2" and r.headers["x-voxpool-attempts"] == "3"
 
 
 def test_a_503_that_is_not_busy_is_not_retried() -> None:
@@ -121,7 +122,7 @@ def test_a_503_that_is_not_busy_is_not_retried() -> None:
     handle = ScriptedHandle(parts, OK)
     r = post(handle, **SPEECH)
     assert (r.status_code, handle.calls) == (503, 1)
-    assert r.json()["error"]["type"] == "shutting_down"
+    assert r.json()["error"]["type"] == "shutting_down" and r.headers["x-voxpool-attempts"] == "1"
 
 
 def test_a_replica_lost_before_answering_is_retried() -> None:
