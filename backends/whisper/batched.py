@@ -27,14 +27,26 @@ window is done. A member's failure (its request, its program, its share of a
 batched operation) is its own ``Emitted.error``.
 
 A member whose request has ``vad_chunking`` (:mod:`backends.whisper.pieces`) is
-cut at silences by Silero VAD when it joins; its pieces are programs of their own,
-rows of the same batched operations as every other program (up to
+cut at silences by Silero VAD; its pieces are programs of their own, rows of the
+same batched operations as every other program (up to
 :data:`~backends.whisper.pieces.PIECE_BATCH` at a time, the next piece starting
 when one ends), each on a decoder state of its own (the member's slot's, then
 states allocated for its further pieces, reused by its later pieces and dropped
 when it leaves: the engine keeps no more states than its slots). The session
 runs such a request through an engine of one member, so both paths decode the
 same batches.
+
+The VAD pass (about 0.15 s for a minute of audio on one core) runs on the
+engine's own thread (``speech_thread``, a batching model's engine): ``join``
+hands it over and returns, the member's pieces start at the first ``step``
+after it has ended, and meanwhile the other members join and step as if it
+were not there. A step with nothing else to decode waits for it at most
+:data:`SPEECH_WAIT_S` (then returns nothing for the member), so the decode task
+neither spins nor keeps a member arriving meanwhile from joining for longer.
+One pass runs at a time (passes of members joining together queue); a member
+that leaves during its pass does not wait for it (its result is dropped);
+``close`` waits for a pass under way. The session's engine of one member runs
+the pass in ``join``, in the request's own worker thread.
 
 Batched products round differently from one-row products (float32), so token ids
 can differ from the unbatched session only where the top two logits are a near
@@ -44,20 +56,24 @@ tie; on numpy a batch of one is bit for bit the session.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import attrs
 import numpy as np
 
-from backends.base import ArrayBackend
+from backends.base import ArrayBackend, session_backend
 from backends.whisper import model
 from backends.whisper.decoding import Step
 from backends.whisper.longform import SetWindow, Window
-from backends.whisper.pieces import PIECE_BATCH, Chunked, SpeechFinder
+from backends.whisper.pieces import PIECE_BATCH, Chunked, Span, SpeechFinder
 from backends.whisper.program import Executor, Program, checked, result, transcription
 from backends.whisper.tokenizer import WhisperTokenizer
 from backends.whisper.types import WhisperRequest
 from core.engine import Emitted, Member
+
+SPEECH_WAIT_S = 0.05
+"""How long a step with nothing but VAD passes to wait for waits for one of them to end."""
 
 
 @attrs.define(eq=False)
@@ -79,16 +95,17 @@ class _Member:
     request: WhisperRequest
     stream: bool
     rows: list[_Row]  # a whole request: one row; chunked: its pieces being decoded
-    chunked: Chunked | None = None
+    chunked: Chunked | None = None  # chunked: its pieces, once its VAD pass has ended
+    finding: Future[tuple[Span, ...]] | None = None  # chunked: its VAD pass, while it runs
     states: list[model.DecoderState] = attrs.field(factory=list)  # chunked: its slot's and its own
     free: list[model.DecoderState] = attrs.field(factory=list)  # chunked: those no row uses
     error: BaseException | None = None
 
     @property
     def done(self) -> bool:
-        if self.chunked is None:
+        if not self.request.vad_chunking:
             return self.rows[0].waiting is None
-        return not self.rows and self.chunked.done
+        return self.chunked is not None and not self.rows and self.chunked.done
 
 
 class WhisperEngine:
@@ -103,6 +120,7 @@ class WhisperEngine:
         alignment_heads: Sequence[tuple[int, int]],
         max_batch: int,
         speech: SpeechFinder | None = None,
+        speech_thread: bool = True,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"whisper: max_batch must be at least 1, got {max_batch}")
@@ -113,6 +131,9 @@ class WhisperEngine:
         self._heads = alignment_heads
         self._max_batch = max_batch
         self._speech = speech if speech is not None else SpeechFinder(backend)
+        self._speech_thread = speech_thread
+        self._vad: ThreadPoolExecutor | None = None  # the VAD passes' thread, from the first
+        self._vad_backend = backend
         self._states = [model.DecoderState(backend, weights) for _ in range(max_batch)]
         self._members: dict[int, _Member] = {}
 
@@ -141,7 +162,11 @@ class WhisperEngine:
         ]
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
-        """One token for every member in ``keys``, then each program up to its next token."""
+        """One token for every member in ``keys``, then each program up to its next token.
+
+        Chunked members whose VAD pass has ended start their pieces first (see module doc).
+        """
+        started = self._found(keys)
         stepping = [k for k in keys if self._rows_waiting(k, Step)]
         rows = [(self._members[k], row) for k in stepping for row in self._waiting(k, Step)]
         for (member, row), logits in zip(rows, self._decode([r for _, r in rows]), strict=True):
@@ -151,13 +176,15 @@ class WhisperEngine:
                 self._advance(member, row, logits)
         for key in stepping:
             self._settle(self._members[key])
-        self._encode(stepping)
+        self._encode(list(dict.fromkeys([*started, *stepping])))
         return [self._emit(key) for key in keys]
 
     def leave(self, key: int) -> None:
         member = self._members.pop(key, None)
         if member is None:
             return
+        if member.finding is not None:
+            member.finding.cancel()  # if it has not started; else its result is dropped
         for row in member.rows:
             row.program.close()
             row.executor.state.clear()
@@ -168,6 +195,9 @@ class WhisperEngine:
         for key in list(self._members):
             self.leave(key)
         self._states = []
+        if self._vad is not None:
+            self._vad.shutdown(wait=True, cancel_futures=True)  # a pass under way ends first
+            self._vad = None
 
     # ---- internals ---------------------------------------------------------
     def _admit(self, member: Member) -> _Member:
@@ -180,9 +210,14 @@ class WhisperEngine:
         state = self._states[key]
         state.clear()
         if request.vad_chunking:
-            spans = self._speech.spans(request.audio, self.backend)
-            chunked = Chunked(request, spans)
-            return _Member(request, member.stream, [], chunked, [state], [state])
+            joining = _Member(request, member.stream, [], states=[state], free=[state])
+            if self._speech_thread:
+                vad = self._vad_thread()
+                joining.finding = vad.submit(self._speech.spans, request.audio, self._vad_backend)
+            else:
+                spans = self._speech.spans(request.audio, self.backend)
+                joining.chunked = Chunked(request, spans)
+            return joining
         row = _Row(self._program(request), self._executor(state))
         return _Member(request, member.stream, [row])
 
@@ -191,6 +226,43 @@ class WhisperEngine:
 
     def _executor(self, state: model.DecoderState) -> Executor:
         return Executor(self.backend, self.weights, self.tokenizer, self._heads, state)
+
+    def _vad_thread(self) -> ThreadPoolExecutor:
+        """The thread of the VAD passes (and their backend: a queue or stream of its own)."""
+        if self._vad is None:
+            self._vad_backend = session_backend(self.backend)
+            self._vad = ThreadPoolExecutor(1, thread_name_prefix="whisper-vad")
+        return self._vad
+
+    def _found(self, keys: Sequence[int]) -> list[int]:
+        """Start the pieces of the chunked members in ``keys`` whose VAD pass has ended.
+
+        When no member in ``keys`` has a token to decode, wait (at most
+        :data:`SPEECH_WAIT_S`) for one of their passes to end. Returns the members started.
+        """
+        finding = {
+            key: member.finding
+            for key in keys
+            if (member := self._members.get(key)) is not None and member.finding is not None
+        }
+        if not finding:
+            return []
+        if not any(self._rows_waiting(key, Step) for key in keys):
+            wait(finding.values(), timeout=SPEECH_WAIT_S, return_when=FIRST_COMPLETED)
+        started = []
+        for key, future in finding.items():
+            if not future.done():
+                continue
+            member = self._members[key]
+            member.finding = None
+            try:
+                member.chunked = Chunked(member.request, future.result())
+            except Exception as error:  # this member only
+                member.error = error
+                continue
+            self._start(member)
+            started.append(key)
+        return started
 
     def _start(self, member: _Member) -> None:
         """Run a joining member's programs up to their first batched operation."""
@@ -343,7 +415,9 @@ class WhisperEngine:
         if member.error is not None:
             return Emitted(key, error=member.error)
         done = member.done
-        if member.chunked is not None:
+        if member.request.vad_chunking:
+            if member.chunked is None:  # its VAD pass is under way
+                return Emitted(key)
             if member.stream:
                 return Emitted(key, member.chunked.take_segments(), done=done)
             return Emitted(key, (member.chunked.result(),), done=True) if done else Emitted(key)

@@ -112,6 +112,7 @@ class WhisperSession(HasIdentity):
             self.alignment_heads,
             1,
             self._speech,
+            speech_thread=False,  # this is the request's own worker thread
         )
         try:
             (emitted,) = engine.join([Member(0, request, stream)])

@@ -6,16 +6,20 @@ The long input is every fixture of tests/data/whisper, story (54.7 s) included, 
 segment and word times are the file's, in order, inside their piece; the option off is
 today's transcription; a silent file has an empty transcript; the session (a model without
 batching) and the batched engine give identical tokens; with one piece at a time, a chunked
-transcript is the session's transcript of each piece, moved to the piece's start.
+transcript is the session's transcript of each piece, moved to the piece's start. On a batching
+model's engine the VAD pass holds up no other member (a pass held by the test, the others join
+and decode), a member may leave during it, and its failure is the member's.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
 
+from backends.base import ArrayBackend
 from backends.silero_vad.types import SpeechSegment
 from backends.whisper import (
     Segment,
@@ -27,8 +31,15 @@ from backends.whisper import (
     model,
 )
 from backends.whisper.decoding import WindowResult
-from backends.whisper.pieces import MAX_PIECE_SAMPLES, MAX_PIECE_SECONDS, Chunked, Span, merge
-from core.engine import Member
+from backends.whisper.pieces import (
+    MAX_PIECE_SAMPLES,
+    MAX_PIECE_SECONDS,
+    Chunked,
+    Span,
+    SpeechFinder,
+    merge,
+)
+from core.engine import Emitted, Member
 from tests.models.test_whisper_batched import _drive, _matches, _result, _segment_view
 from tests.models.whisper_audio import FIXTURES, load_wav, word_error_rate
 
@@ -159,11 +170,9 @@ def test_silent_file_gives_an_empty_transcript(whisper_factory: WhisperFactory) 
     assert (result.text, result.segments, result.windows, result.pieces) == ("", (), (), ())
     assert result.duration == 40.0
     assert list(session.stream(request)) == []
-    run, stream = whisper_factory.engine(2).join(
-        [Member(0, request, False), Member(1, request, True)]
-    )
-    assert run.done and stream.done and not stream.chunks
-    assert run.chunks == (result,)
+    run, stream = _drive(whisper_factory.engine(2), [(request, False), (request, True)])
+    assert _result(run) == result  # done at the step after its VAD pass
+    assert stream[-1].done and not any(e.chunks or e.error for e in stream)
 
 
 # ---- the batching and non-batching paths ------------------------------------------------
@@ -273,6 +282,113 @@ def test_a_chunked_member_that_cannot_start_a_piece_fails_alone(
     monkeypatch.setattr(model, "DecoderState", out_of_memory)  # the story's second piece needs one
     story = WhisperRequest(_audio("story"), vad_chunking=True)
     chunked, whole = _drive(engine, [(story, False), (short, False)])
-    (failed,) = chunked
+    *before, failed = chunked  # it failed when its pieces started, after its VAD pass
+    assert not any(e.chunks or e.done or e.error for e in before)
     assert isinstance(failed.error, MemoryError) and not failed.chunks and not failed.done
     assert _result(whole) == expected
+
+
+# ---- the VAD pass on a batching model ---------------------------------------------------
+
+
+class _HeldSpeech:
+    """The factory's VAD, each pass of it held until the test lets it go (``go``)."""
+
+    def __init__(self, speech: SpeechFinder, error: Exception | None = None) -> None:
+        self._speech = speech
+        self._error = error
+        self.go = threading.Event()
+        self.finished = threading.Event()
+
+    def spans(self, audio: np.ndarray, backend: ArrayBackend) -> tuple[Span, ...]:
+        if not self.go.wait(timeout=120):  # a guard against a deadlock, not a timing
+            raise TimeoutError("the VAD pass was never let go")
+        try:
+            if self._error is not None:
+                raise self._error
+            return self._speech.spans(audio, backend)
+        finally:
+            self.finished.set()
+
+
+def _engine(factory: WhisperFactory, max_batch: int, speech: object) -> batched.WhisperEngine:
+    """The factory's batched engine (a batching model's) with ``speech`` as its VAD."""
+    return batched.WhisperEngine(
+        factory.backend,
+        factory.weights,
+        factory.tokenizer,
+        factory.config,
+        factory.alignment_heads,
+        max_batch,
+        speech,  # type: ignore[arg-type]
+    )
+
+
+def _until_done(engine: batched.WhisperEngine, key: int, first: Emitted) -> list[Emitted]:
+    entries = [first]
+    while not entries[-1].done and entries[-1].error is None:
+        (entry,) = engine.step([key])
+        entries.append(entry)
+    return entries
+
+
+def test_the_vad_pass_holds_up_no_other_member(whisper_factory: WhisperFactory) -> None:
+    """A chunked member's VAD pass runs off the engine's steps: while it is held, join returns,
+    a step with nothing else to decode returns, and another member joins, steps to its end and
+    decodes as it does alone; let go, the pieces decode as on a model without batching."""
+    short = WhisperRequest(_audio("short"))
+    story = WhisperRequest(_audio("story"), vad_chunking=True)
+    session = whisper_factory.create()
+    expected_short, expected_story = session.run(short), session.run(story)
+    held = _HeldSpeech(whisper_factory.speech)
+    engine = _engine(whisper_factory, 2, held)
+    (first,) = engine.join([Member(0, story, False)])
+    assert first.error is None and not first.done and not first.chunks
+    (waiting,) = engine.step([0])
+    assert waiting.error is None and not waiting.done and not waiting.chunks
+    (second,) = engine.join([Member(1, short, False)])
+    entries = [second]
+    while not entries[-1].done:
+        pending, entry = engine.step([0, 1])
+        assert pending.error is None and not pending.done and not pending.chunks
+        entries.append(entry)
+    assert not held.finished.is_set()  # all of it while the VAD pass was held
+    assert _result(entries) == expected_short
+    engine.leave(1)
+    held.go.set()
+    assert _result([first, *_until_done(engine, 0, waiting)]) == expected_story
+    engine.close()
+
+
+def test_a_member_may_leave_during_its_vad_pass(whisper_factory: WhisperFactory) -> None:
+    """Leaving does not wait for the pass; the slot takes another member at once; closing the
+    engine waits for the pass, which then uses the weights no more."""
+    short = WhisperRequest(_audio("short"))
+    expected = whisper_factory.create().run(short)
+    held = _HeldSpeech(whisper_factory.speech)
+    engine = _engine(whisper_factory, 1, held)
+    engine.join([Member(0, WhisperRequest(_audio("story"), vad_chunking=True), False)])
+    engine.leave(0)
+    (joined,) = engine.join([Member(0, short, False)])
+    assert _result(_until_done(engine, 0, joined)) == expected
+    assert not held.finished.is_set()
+    engine.leave(0)
+    held.go.set()
+    engine.close()
+    assert held.finished.is_set()
+
+
+def test_a_failing_vad_pass_fails_its_member(whisper_factory: WhisperFactory) -> None:
+    broken = _HeldSpeech(whisper_factory.speech, RuntimeError("no VAD today"))
+    broken.go.set()
+    request = WhisperRequest(_audio("short"), vad_chunking=True)
+    engine = _engine(whisper_factory, 1, broken)
+    (joined,) = engine.join([Member(0, request, True)])
+    assert joined.error is None
+    failed = _until_done(engine, 0, joined)[-1]
+    assert isinstance(failed.error, RuntimeError) and str(failed.error) == "no VAD today"
+    engine.close()
+    session = whisper_factory.create()
+    session._speech = broken  # type: ignore[assignment]  # a model without batching
+    with pytest.raises(RuntimeError, match="no VAD today"):
+        session.run(request)
