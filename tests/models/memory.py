@@ -31,3 +31,17 @@ def held_and_grown(make: Callable[[], T]) -> tuple[T, int, int]:
     finally:
         tracemalloc.stop()
     return made, held - base, rss_bytes() - rss_before
+
+
+def peak_of(make: Callable[[], T]) -> tuple[T, int]:
+    """``make()``'s result and the most Python bytes (numpy's arrays included) it had allocated
+    at once, over what was allocated before (tracemalloc); everything is collected first."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        made = make()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return made, peak - base

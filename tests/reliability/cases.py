@@ -123,7 +123,8 @@ def error_of(resp: httpx.Response) -> dict[str, Any]:
 @attrs.frozen
 class Load:
     """What a request asks of the server, for the memory bound: body bytes and how it is
-    encoded, JSON containers, input audio seconds, output speech seconds, the longest sentence."""
+    encoded, JSON containers, input audio seconds, output speech seconds, the longest sentence,
+    and whether Whisper decodes it in VAD pieces (``vad_chunking``)."""
 
     body: int
     multipart: bool = False
@@ -132,6 +133,7 @@ class Load:
     speech_out: float = 0.0
     sentence: float = 0.0
     model: str = ""
+    chunked: bool = False
 
 
 def memory_bound(load: Load) -> float:
@@ -140,8 +142,8 @@ def memory_bound(load: Load) -> float:
     48 MiB fixed + body + decoded audio + the model's working set:
     JSON ``5 B + 80 * containers``, multipart ``2 B``; audio ``0.75 B`` (base64) +
     ``64 KB/s`` (float32 at 16 kHz) + 16 MiB resampling blocks; Whisper 32 MiB +
-    1 MiB/s of input, VAD 0.3 MiB/s, Piper 24 MiB/s of its longest sentence +
-    0.5 MiB/s of output.
+    1 MiB/s of input (with ``vad_chunking``, 64 MiB more for each of its 8 pieces in flight),
+    VAD 0.3 MiB/s, Piper 24 MiB/s of its longest sentence + 0.5 MiB/s of output.
     """
     out = 48.0 * MIB
     out += 2 * load.body if load.multipart else 5 * load.body + 80 * load.containers
@@ -149,6 +151,8 @@ def memory_bound(load: Load) -> float:
         out += 0.75 * load.body + 64_000 * load.audio_in + 16 * MIB
     if load.model == "asr":
         out += 32 * MIB + MIB * load.audio_in
+        if load.chunked:
+            out += 8 * 64 * MIB
     elif load.model == "vad":
         out += 0.3 * MIB * load.audio_in
     elif load.model == "tts":

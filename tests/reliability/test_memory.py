@@ -18,7 +18,17 @@ import httpx
 import pytest
 
 from tests.ci import skip_or_fail
-from tests.reliability.cases import MIB, Limits, Load, fmt, memory_bound, noise_wav, riff
+from tests.models.whisper_audio import load_wav
+from tests.reliability.cases import (
+    MIB,
+    Limits,
+    Load,
+    fmt,
+    memory_bound,
+    noise_wav,
+    pcm_wav,
+    riff,
+)
 from tests.server.live import HELLO_WAV, LiveServer, b64
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river."
@@ -103,6 +113,10 @@ def cases(limits: Limits) -> list[MemoryCase]:
             Load(len(data) + 1024, multipart=True, audio_in=seconds, model=model),
         )
 
+    story = pcm_wav(load_wav("story.wav")[: int(seconds * 16000)])  # speech: one 29.9 s piece
+    chunked, chunked_size = js(
+        {"model": "whisper", "audio_base64": b64(story), "vad_chunking": True}
+    )
     containers, ucs4 = (
         (b"[" + b"{}," * 499_999 + b"{}]"),
         ('{"model": "piper", "input": "\U0001f600' + "a" * (limits.body - 100) + '"}').encode(),
@@ -138,6 +152,12 @@ def cases(limits: Limits) -> list[MemoryCase]:
             "/v1/audio/transcriptions",
             {"model": "whisper", "audio_base64": b64(wav48)},
             "asr",
+        ),
+        MemoryCase(
+            "asr-json-vad-chunking",
+            "/v1/audio/transcriptions",
+            chunked,
+            Load(chunked_size, audio_in=seconds, model="asr", chunked=True),
         ),
         form(
             "asr-multipart-stream",
