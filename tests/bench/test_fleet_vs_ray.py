@@ -14,31 +14,17 @@ simulator is seeded.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_module import ROOT, bench_module
+
 RUNS = sorted((ROOT / "bench" / "data" / "fleet_vs_ray").glob("*.json"))
 TOLERANCE = 0.15
 
 
-def _load() -> ModuleType:
-    name = "voxpool_bench_fleet_vs_ray"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "fleet_vs_ray.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = bench_module("fleet_vs_ray")
 
 
 def test_the_saved_runs_cover_both_workloads() -> None:

@@ -7,32 +7,15 @@ seed 003's formula. Timing figures are not asserted (shared machine).
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import attrs
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.bench_module import bench_module
 
-
-def _load() -> ModuleType:
-    name = "voxpool_bench_slots"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "slots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-slots = _load()
+slots = bench_module("slots")
 
 
 def test_time_saved_follows_the_seed_formula() -> None:
