@@ -73,7 +73,8 @@ from backends.whisper.types import WhisperRequest
 from core.engine import Emitted, Member
 
 SPEECH_WAIT_S = 0.05
-"""How long a step with nothing but VAD passes to wait for waits for one of them to end."""
+"""The longest a step whose members have nothing to decode (only VAD passes under way) waits
+for one of those passes to end."""
 
 
 @attrs.define(eq=False)

@@ -392,3 +392,23 @@ def test_a_failing_vad_pass_fails_its_member(whisper_factory: WhisperFactory) ->
     session._speech = broken  # type: ignore[assignment]  # a model without batching
     with pytest.raises(RuntimeError, match="no VAD today"):
         session.run(request)
+
+
+def test_a_chunked_member_that_leaves_mid_decode_frees_its_slot(
+    whisper_factory: WhisperFactory,
+) -> None:
+    """Aborted with its two pieces in flight (a client gone), the member leaves; the next
+    member on its key, chunked too, decodes exactly as on a fresh engine."""
+    story = WhisperRequest(_audio("story"), vad_chunking=True)
+    expected = whisper_factory.create().run(story)
+    engine = whisper_factory.engine(1)
+    (joined,) = engine.join([Member(0, story, True)])
+    entries = [joined]
+    while len(entries) < 20:  # the VAD pass (a few steps), then tokens of both pieces
+        (entry,) = engine.step([0])
+        assert entry.error is None and not entry.done
+        entries.append(entry)
+    engine.leave(0)
+    (again,) = engine.join([Member(0, story, False)])
+    assert _result(_until_done(engine, 0, again)) == expected
+    engine.close()

@@ -143,16 +143,38 @@ def _verbose(http: httpx.Client, audio: bytes, **fields: str) -> dict[str, Any]:
     return {k: v for k, v in r.json().items() if k != "timing"}
 
 
-def test_vad_chunking_off_is_the_default(http: httpx.Client, hello_wav: bytes) -> None:
-    assert _verbose(http, hello_wav, vad_chunking="false") == _verbose(http, hello_wav)
+STORY_CUT_S = 29.06
+"""Where the VAD cuts story.wav into its two pieces (docs/performance.md)."""
 
 
-def test_vad_chunking_transcribes_a_long_file_in_pieces(http: httpx.Client) -> None:
-    """story.wav (54.7 s) in two pieces: times inside the file and in order; multipart, JSON
-    and the SSE stream agree."""
-    story = (WHISPER_DATA / "story.wav").read_bytes()
+@pytest.fixture(scope="module")
+def story() -> bytes:
+    return (WHISPER_DATA / "story.wav").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def story_plain(main_server: LiveServer, story: bytes) -> dict[str, Any]:
+    """story.wav decoded in sequential 30 s windows (no vad_chunking)."""
+    with main_server.client() as client:
+        return _verbose(client, story)
+
+
+def test_vad_chunking_off_is_the_default(
+    http: httpx.Client, story: bytes, story_plain: dict[str, Any]
+) -> None:
+    assert _verbose(http, story, vad_chunking="false") == story_plain
+
+
+def test_vad_chunking_transcribes_a_long_file_in_pieces(
+    http: httpx.Client, story: bytes, story_plain: dict[str, Any]
+) -> None:
+    """story.wav (54.7 s) in two pieces: no segment crosses the cut (sequential decoding's
+    do), times inside the file and in order; multipart, JSON and the SSE stream agree."""
     form = _verbose(http, story, vad_chunking="true")
     segments = form["segments"]
+    assert all(s["end"] <= STORY_CUT_S or s["start"] >= STORY_CUT_S for s in segments)
+    assert any(s["start"] < STORY_CUT_S < s["end"] for s in story_plain["segments"])
+    assert any(s["start"] == STORY_CUT_S for s in segments)  # the second piece's first
     assert all(0 <= s["start"] <= s["end"] <= form["duration"] for s in segments)
     assert [s["start"] for s in segments] == sorted(s["start"] for s in segments)
     reference = next(str(f["text"]) for f in FIXTURES if f["name"] == "story")
