@@ -18,6 +18,7 @@ from backends.piper.api import (
 )
 from backends.piper.loader import Hyper, check_weights, load_config, read_graph_weights
 from backends.piper.model import PiperModel
+from backends.piper.progress import warm_up
 from backends.piper.session import PiperFactory, PiperSession
 from backends.wav import pcm16_bytes, wav_bytes
 
@@ -38,7 +39,8 @@ __all__ = [
 
 
 def load_model(backend: ArrayBackend | None = None) -> PiperModel:
-    """Read, check and upload the voice's weights once."""
+    """Read, check and upload the voice's weights once; warm the phonemizer up (the first
+    request's first audio then comes as soon as a later one's)."""
     if backend is None:
         from backends.numpy_backend import NumpyBackend
 
@@ -46,7 +48,9 @@ def load_model(backend: ArrayBackend | None = None) -> PiperModel:
     hyper = Hyper()
     host = check_weights(read_graph_weights(), hyper)
     weights = {name: backend.to_device(array) for name, array in host.items()}
-    return PiperModel(backend=backend, weights=weights, config=load_config(), hyper=hyper)
+    model = PiperModel(backend=backend, weights=weights, config=load_config(), hyper=hyper)
+    warm_up(model)
+    return model
 
 
 def load_factory(backend: ArrayBackend | None = None, **options: Any) -> PiperFactory:

@@ -38,6 +38,20 @@ def request_rng(request: PiperRequest) -> np.random.Generator:
     return np.random.default_rng(DEFAULT_SEED if request.seed is None else request.seed)
 
 
+def warm_up(model: PiperModel) -> None:
+    """Pay at load what a model's first request would pay on top of every later one's.
+
+    That is piper's espeak-ng bridge (importing ``piper.voice``, which imports
+    onnxruntime: about 35 ms), the voice's espeak-ng data (4 ms) and numpy.random
+    (9 ms), so the first request's first audio comes as soon as a later one's
+    (docs/performance.md, "TTS time to first audio"). Nothing it computes is kept:
+    phonemes depend only on their text and voice, and every request draws its
+    noise from its own RNG.
+    """
+    phonemize("Warm up.", model.config)
+    request_rng(PiperRequest("Warm up."))
+
+
 @attrs.define(eq=False)
 class Progress:
     """One request's synthesis, sentence by sentence: the rules a session and the batched
