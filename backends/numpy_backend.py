@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from backends import erf, shapes
+from backends import erf, parallel, shapes
 from backends.base import Array
 from backends.xp_backend import XpBackend, check_lstm
 
@@ -33,13 +33,16 @@ class NumpyBackend(XpBackend):
 
     def gelu(self, x: Array) -> Array:
         # large inputs go through in cache-sized chunks (same values, ~2.5x faster than
-        # whole-array passes)
+        # whole-array passes), spread over the caller's share of the cores
         if x.size <= _CHUNK:
             return erf.gelu(np, x)
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
-        for i in range(0, flat.size, _CHUNK):
+
+        def chunk(i: int) -> None:
             out[i : i + _CHUNK] = erf.gelu(np, flat[i : i + _CHUNK])
+
+        parallel.run_pieces(chunk, range(0, flat.size, _CHUNK))  # on the caller's cores
         return out.reshape(x.shape)
 
     # ---- layers (XpBackend checks the operands, these compute) ---------------
@@ -155,11 +158,12 @@ class NumpyBackend(XpBackend):
         out = np.empty((*lead, rows, v.shape[-1]), dtype=np.result_type(q, k, v))
         exact = math.frexp(float(s))[0] == 0.5  # a power-of-two scale may go on the queries
         tile = max(8, min(rows, _ATTENTION_TILE // max(1, keys)))
-        scores_buf = np.empty((tile, keys), dtype=out.dtype)
-        peak = np.empty((tile, 1), dtype=out.dtype)
-        total = np.empty((tile, 1), dtype=out.dtype)
         masks = None if mask is None else np.broadcast_to(mask, (*lead, rows, keys))
-        for index in np.ndindex(*lead):
+
+        def head(index: tuple[int, ...]) -> None:
+            scores_buf = np.empty((tile, keys), dtype=out.dtype)
+            peak = np.empty((tile, 1), dtype=out.dtype)
+            total = np.empty((tile, 1), dtype=out.dtype)
             k_t = kh[index].T
             for i in range(0, rows, tile):
                 n = min(tile, rows - i)
@@ -178,6 +182,9 @@ class NumpyBackend(XpBackend):
                 dst = out[index][i : i + n]
                 np.matmul(scores, vh[index], out=dst)
                 dst /= norm
+
+        # heads are independent: they run on the caller's share of the cores
+        parallel.run_pieces(head, list(np.ndindex(*lead)))
         return out
 
     def _attention_rows(

@@ -10,7 +10,12 @@ and, whenever that count changes, sets the BLAS thread count to
 cores one each. The setting is process-wide (OpenBLAS's thread count is global:
 ``openblas_set_num_threads_local`` changes it for every thread too), and every
 BLAS call reads it when it starts, so a call that started alone drops to its
-share at its next product once another call begins.
+share at its next product once another call begins. The same count is the
+call's share for the numpy backend's splits (:mod:`backends.parallel`: the
+independent pieces of one op, such as Whisper's encoder heads, on that many
+cores, each with one BLAS thread), so the count is set through
+:data:`backends.parallel.SHARE`, which holds the BLAS at one thread while a
+split runs.
 
 Results: OpenBLAS splits a product differently for different thread counts, so
 outputs may differ in the last bits between 1 and n threads (never between runs
@@ -24,6 +29,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+
+from backends import parallel
 
 log = logging.getLogger("voxpool.blas")
 
@@ -42,21 +49,16 @@ def threads_for(calls: int, cores: int) -> int:
 
 
 def blas_setter() -> Callable[[int], None] | None:
-    """A function that sets the process's BLAS threads (every BLAS numpy loaded), or None
-    when threadpoolctl or a BLAS is missing."""
+    """A function that sets the process's core share (:data:`backends.parallel.SHARE`: the
+    BLAS threads of every product and the pieces the numpy backend's splits run at once),
+    or None when threadpoolctl or a BLAS is missing."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
         return None
-    controllers = ThreadpoolController().select(user_api="blas").lib_controllers
-    if not controllers:
+    if not ThreadpoolController().select(user_api="blas").lib_controllers:
         return None
-
-    def set_threads(n: int) -> None:
-        for controller in controllers:
-            controller.set_num_threads(n)
-
-    return set_threads
+    return parallel.SHARE.set_threads
 
 
 class AdaptiveThreads:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from backends import parallel
 from server.blas import AdaptiveThreads, threads_for
 from server.cmd_serve import BLAS_VARIABLES, limit_blas_threads
 from server.config import ConfigError, parse_config
@@ -108,7 +109,10 @@ def test_real_models_give_the_declared_results_at_every_thread_count() -> None:
             seen.append(n)
             setter(n)
 
-        alone = anyio.run(serve, AdaptiveThreads(cores, record))
+        try:
+            alone = anyio.run(serve, AdaptiveThreads(cores, record))
+        finally:
+            parallel.SHARE.set_threads(None)  # later tests follow the BLAS's own count again
     assert seen and set(seen) == {cores}  # one call at a time: every core each time
     tokens = [[w.result.tokens for w in r.windows] for r in (one["asr"], alone["asr"])]
     assert tokens[0] == tokens[1]

@@ -1,0 +1,168 @@
+"""One op's independent pieces on several cores, each piece on one BLAS thread.
+
+OpenBLAS spreads a product over its threads, but everything around the
+products (numpy's ufuncs: ``exp``, GELU, the softmax's max and sum) runs on the
+calling thread, and small products split badly: Whisper's encoder attention on
+two BLAS threads took 54 ms a layer against 69 on one. Its six heads are
+independent: three on each core, each with one BLAS thread, took 36.5 ms, the
+same bits as one after another. :func:`run_pieces` does that for any op whose
+pieces write disjoint outputs.
+
+How many pieces run at once is the caller's **share** of the cores, the BLAS
+thread count it would otherwise get: what the server's adaptive threads set
+(``server.blas``: every core for a call alone, one each when the slots are full)
+or, where nothing set it, the BLAS's own thread count (a script's
+``threadpoolctl`` limit, say). While any split runs, the process's BLAS is held
+at one thread (the setting is process-wide, so a split's pieces would otherwise
+fight over the same BLAS threads: 66.7 ms instead of 36.5); a share set meanwhile
+takes effect when the last split ends. A product of another call running then
+gets one thread instead of its share: slower, never different (results do not
+depend on the thread count beyond the tolerances ``server.blas`` declares).
+
+Results never depend on the share: a piece computes exactly what it computes
+when the pieces run one after another.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Blas:
+    """The thread counts of every BLAS loaded in the process, through threadpoolctl."""
+
+    def __init__(self, controllers: Sequence[Any]) -> None:
+        self._controllers = list(controllers)
+
+    @property
+    def num_threads(self) -> int:
+        return int(self._controllers[0].num_threads)
+
+    def set_num_threads(self, n: int) -> None:
+        for controller in self._controllers:
+            controller.set_num_threads(n)
+
+
+def _blas_controller() -> _Blas | None:
+    """Control of the BLAS numpy loaded (and any other), or None without one."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl comes with the server extra
+        return None
+    controllers = ThreadpoolController().select(user_api="blas").lib_controllers
+    return _Blas(controllers) if controllers else None
+
+
+class CoreShare:
+    """The BLAS thread count and the splits that borrow it (one per process: :data:`SHARE`).
+
+    ``controller`` sets and reads the BLAS's threads (threadpoolctl's, looked up
+    on first use; None: no control, every split runs its pieces in order).
+    """
+
+    def __init__(self, controller: Any | None = None, *, look_up: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._controller = controller
+        self._looked_up = controller is not None or not look_up
+        self._share: int | None = None  # set by set_threads; None: the BLAS's own count
+        self._held: int | None = None  # the count to restore when the last split ends
+        self._splits = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _control(self) -> Any | None:
+        if not self._looked_up:
+            self._looked_up = True
+            self._controller = _blas_controller()
+        return self._controller
+
+    def set_threads(self, n: int | None) -> None:
+        """The share of the calls now running (the server's adaptive threads): the BLAS
+        threads of a product and the pieces a split runs at once. Applied to the BLAS at
+        once, or when the last split running ends. None: no share; splits follow the
+        BLAS's own thread count again (left as it is)."""
+        control = self._control()
+        with self._lock:
+            self._share = n
+            if n is not None and self._splits == 0 and control is not None:
+                control.set_num_threads(n)
+
+    def share(self) -> int:
+        """How many pieces a split started now would run at once."""
+        control = self._control()
+        if control is None:
+            return 1
+        with self._lock:
+            if self._share is not None:
+                return self._share
+            if self._splits:
+                return 1  # another split holds the BLAS at one thread: its count is not ours
+            return max(1, int(control.num_threads))
+
+    def run(self, piece: Callable[[T], None], items: Sequence[T]) -> None:
+        """Calls ``piece(item)`` for every item, up to :meth:`share` at once, each on one
+        BLAS thread: lane ``i`` of ``n`` takes items ``i, i + n, ...`` in order, the
+        caller's thread lane 0. Returns when every lane has ended; a lane stops at a
+        failing piece, whose exception (the first lane's first) is raised then. Pieces
+        must write disjoint outputs."""
+        workers = min(self.share(), len(items))
+        if workers <= 1:
+            for item in items:
+                piece(item)
+            return
+        self._enter()
+        try:
+            pool = self._workers()
+            lanes = [items[i::workers] for i in range(workers)]
+            futures = [pool.submit(_each, piece, lane) for lane in lanes[1:]]
+            try:
+                _each(piece, lanes[0])
+            finally:
+                errors = [f.exception() for f in futures]
+            for error in errors:
+                if error is not None:
+                    raise error
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        control = self._control()
+        with self._lock:
+            self._splits += 1
+            if self._splits == 1 and control is not None:
+                self._held = int(control.num_threads) if self._share is None else self._share
+                control.set_num_threads(1)
+
+    def _leave(self) -> None:
+        control = self._control()
+        with self._lock:
+            self._splits -= 1
+            if self._splits == 0 and control is not None:
+                restore = self._share if self._share is not None else self._held
+                control.set_num_threads(restore or 1)
+
+    def _workers(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+                self._pool = ThreadPoolExecutor(max(1, cores), thread_name_prefix="voxpool-split")
+            return self._pool
+
+
+def _each(piece: Callable[[T], None], items: Sequence[T]) -> None:
+    for item in items:
+        piece(item)
+
+
+SHARE = CoreShare()
+"""The process's core share: ``server.blas`` sets it, the numpy backend's splits use it."""
+
+
+def run_pieces(piece: Callable[[T], None], items: Sequence[T]) -> None:
+    """:meth:`CoreShare.run` on the process's share."""
+    SHARE.run(piece, items)

@@ -1,0 +1,120 @@
+"""backends.parallel: an op's pieces on the caller's share of the cores, the BLAS held at one
+thread meanwhile, results independent of the share."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from backends import parallel
+from backends.numpy_backend import NumpyBackend
+from backends.parallel import CoreShare
+
+
+class FakeBlas:
+    """A BLAS thread count that records every setting."""
+
+    def __init__(self, threads: int) -> None:
+        self.num_threads = threads
+        self.settings: list[int] = []
+
+    def set_num_threads(self, n: int) -> None:
+        self.num_threads = n
+        self.settings.append(n)
+
+
+def test_share_follows_the_blas_until_set() -> None:
+    blas = FakeBlas(4)
+    share = CoreShare(blas)
+    assert share.share() == 4
+    share.set_threads(2)
+    assert share.share() == 2 and blas.num_threads == 2
+    share.set_threads(None)
+    assert share.share() == 2  # the BLAS's own count again (left at 2)
+
+
+def test_no_blas_control_runs_pieces_in_order_on_the_caller() -> None:
+    share = CoreShare(None, look_up=False)
+    seen: list[tuple[int, str]] = []
+    share.run(lambda i: seen.append((i, threading.current_thread().name)), range(5))
+    me = threading.current_thread().name
+    assert seen == [(i, me) for i in range(5)]
+
+
+def test_split_holds_the_blas_at_one_thread_and_restores_it() -> None:
+    blas = FakeBlas(2)
+    share = CoreShare(blas)
+    during: list[int] = []
+    threads: set[str] = set()
+    lock = threading.Lock()
+    both = threading.Barrier(2, timeout=30)
+
+    def piece(i: int) -> None:
+        with lock:
+            during.append(blas.num_threads)
+            threads.add(threading.current_thread().name)
+        if i < 2:
+            both.wait()  # the first two pieces run at the same time, on two threads
+
+    share.run(piece, range(6))
+    assert sorted(during) == [1] * 6
+    assert len(threads) == 2
+    assert blas.num_threads == 2 and blas.settings == [1, 2]
+
+
+def test_a_share_set_during_a_split_applies_when_it_ends() -> None:
+    blas = FakeBlas(2)
+    share = CoreShare(blas)
+
+    def piece(i: int) -> None:
+        if i == 0:
+            share.set_threads(1)  # another call began: its share is 1
+            assert blas.num_threads == 1  # still held for the split
+
+    share.run(piece, range(2))
+    assert blas.settings == [1, 1] and share.share() == 1
+
+
+def test_a_failing_piece_raises_after_every_piece_ended_and_restores() -> None:
+    blas = FakeBlas(2)
+    share = CoreShare(blas)
+    ended: list[int] = []
+
+    def piece(i: int) -> None:
+        if i == 1:
+            raise ValueError("piece 1")
+        ended.append(i)
+
+    with pytest.raises(ValueError, match="piece 1"):
+        share.run(piece, range(4))
+    # lanes [0, 2] and [1, 3]: the failing lane stops, the other runs to its end first
+    assert sorted(ended) == [0, 2] and blas.num_threads == 2
+
+
+def _attention_and_gelu() -> tuple[np.ndarray, np.ndarray]:
+    be = NumpyBackend()
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 6, 1500, 64), dtype=np.float32) for _ in range(3))
+    x = rng.standard_normal((1, 1500, 1536), dtype=np.float32)
+    return np.asarray(be.attention(q, k, v)), np.asarray(be.gelu(x))
+
+
+def test_numpy_ops_split_give_the_same_bits_as_in_order() -> None:
+    """Whisper's encoder attention (6 heads over 1500 frames) and its FFN's GELU split over
+    2 and 3 cores equal the in-order result bit for bit."""
+    from threadpoolctl import threadpool_limits
+
+    original = parallel.SHARE.share
+    results = []
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            for n in (1, 2, 3):
+                parallel.SHARE.share = lambda n=n: n  # type: ignore[method-assign]
+                results.append(_attention_and_gelu())
+    finally:
+        parallel.SHARE.share = original  # type: ignore[method-assign]
+    for attention, gelu in results[1:]:
+        assert np.array_equal(attention, results[0][0])
+        assert np.array_equal(gelu, results[0][1])
