@@ -22,11 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as the server has it
+
+# isort: split
+import numpy as np  # noqa: E402
 
 from bench.common import array_backend as _array_backend  # noqa: E402
 from bench.common import blas_threads  # noqa: E402
