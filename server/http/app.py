@@ -16,10 +16,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.http import errors, routes_audio, routes_models, routes_tasks
+from server.http import errors, routes_audio, routes_live, routes_models, routes_tasks
 from server.http.body import BodyLimit
 from server.http.errors import ApiError
 from server.http.state import ServerState
@@ -70,6 +70,11 @@ class Observe:
     routes) and id; also as the record's attributes of those names, for
     structured handlers. Status polls (:data:`QUIET`) log at debug, the rest at
     info; 499 is a client that went away before any response started.
+
+    A WebSocket is logged as a ``GET`` when it ends: its status is 101 once
+    accepted (the handshake's HTTP answer otherwise: a refusal's 4xx/503), and
+    the line and record add ``ws_close``, the close code (ours, or the client's
+    when it closed first; 1006: the connection was lost).
     """
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
@@ -77,11 +82,13 @@ class Observe:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
         status = 499  # no response sent: the client went away (cancelled) before one started
+        websocket = scope["type"] == "websocket"
+        ws_close: int | None = None
         headers = scope.get("headers", [])
         origin = next((v for k, v in headers if k == b"origin"), None)
         cors = self.state.config.cors_origins == "*" and origin is not None
@@ -90,8 +97,18 @@ class Observe:
         token = errors.REQUEST_ID.set(request_id)
 
         async def wrapped(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
+            nonlocal status, ws_close
+            kind = message["type"]
+            if kind == "websocket.accept":
+                status = 101
+                headers = [(k, v) for k, v in message.get("headers") or [] if k != b"x-request-id"]
+                message["headers"] = [*headers, (b"x-request-id", request_id.encode())]
+            elif kind == "websocket.close":
+                if status == 499:  # refused before the upgrade: the listener answers 403
+                    status = 403
+                elif ws_close is None:
+                    ws_close = int(message.get("code") or 1000)
+            if kind in ("http.response.start", "websocket.http.response.start"):
                 status = int(message["status"])
                 out = [
                     (k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"
@@ -102,35 +119,42 @@ class Observe:
                 message["headers"] = out
             await send(message)
 
+        async def received() -> Message:
+            nonlocal ws_close
+            message = await receive()
+            if message["type"] == "websocket.disconnect" and ws_close is None and status == 101:
+                ws_close = int(message.get("code") or 1005)
+            return message
+
         try:
-            await self.app(scope, receive, wrapped)
+            await self.app(scope, received if websocket else receive, wrapped)
         finally:
             errors.REQUEST_ID.reset(token)
+            if websocket and status == 101 and ws_close is None:
+                ws_close = 1006  # accepted, then lost without a close (e.g. aborted on a deadline)
             seconds = time.perf_counter() - t0
             model = scope.get("state", {}).get("model", "-")
             path = scope.get("path", "")
             self.state.metrics.request_seconds.labels(model, path, str(status)).observe(seconds)
-            method = scope.get("method", "")
+            method = scope.get("method", "GET")
             level = logging.DEBUG if (method, path) in QUIET and status < 400 else logging.INFO
             if access_log.isEnabledFor(level):
-                access_log.log(
-                    level,
-                    "%s %s %d %.1fms model=%s id=%s",
-                    method,
-                    printable(path),
-                    status,
-                    seconds * 1000.0,
-                    model,
-                    request_id,
-                    extra={
-                        "method": method,
-                        "path": path,
-                        "status": status,
-                        "duration_ms": round(seconds * 1000.0, 3),
-                        "model": model,
-                        "request_id": request_id,
-                    },
-                )
+                fields: dict[str, Any] = {
+                    "method": method,
+                    "path": path,
+                    "status": status,
+                    "duration_ms": round(seconds * 1000.0, 3),
+                    "model": model,
+                    "request_id": request_id,
+                }
+                line = "%s %s %d %.1fms model=%s id=%s"
+                args: list[Any] = [method, printable(path), status, seconds * 1000.0]
+                args += [model, request_id]
+                if websocket:
+                    fields["ws_close"] = ws_close
+                    line += " ws_close=%s"
+                    args.append("-" if ws_close is None else ws_close)
+                access_log.log(level, line, *args, extra=fields)
 
 
 class CancelOnDisconnect:
@@ -246,6 +270,8 @@ def build_app(state: ServerState) -> ASGIApp:
         Route("/v1/audio/speech", routes_audio.speech, methods=["POST"]),
         Route("/v1/audio/transcriptions", routes_audio.transcriptions, methods=["POST"]),
         Route("/v1/audio/vad", routes_audio.vad, methods=["POST"]),
+        WebSocketRoute(routes_live.LIVE_PATH, routes_live.vad_live),
+        Route(routes_live.LIVE_PATH, routes_live.upgrade_required, methods=["GET"]),
         Route("/v1/audio/voices", routes_audio.voices, methods=["GET"]),
         Route("/v1/tasks/run", routes_tasks.run, methods=["POST"]),
         Route("/v1/tasks/batch", routes_tasks.batch, methods=["POST"]),
@@ -270,4 +296,5 @@ def build_app(state: ServerState) -> ASGIApp:
         },
     )
     app.state.vox = state
-    return Observe(BodyLimit(CancelOnDisconnect(app), state.config.max_request_body_bytes), state)
+    inner = CancelOnDisconnect(routes_live.WebSocketNotFound(app))
+    return Observe(BodyLimit(inner, state.config.max_request_body_bytes), state)

@@ -30,6 +30,20 @@ Requests that h11 cannot parse (a garbage request line, a bad
 allows it, with the API's JSON error shape ``{"error": {"message", "type"}}``
 and ``Connection: close``. The ASGI interface is spec version 2.3: after a
 disconnect ``send`` is a no-op and ``receive`` returns ``http.disconnect``.
+
+**WebSockets.** A ``GET`` whose ``Upgrade`` header names ``websocket`` is a
+WebSocket handshake (RFC 6455; :mod:`wsproto` for the handshake's checks and the
+framing, sans-IO as h11 is): a malformed one (no ``Sec-WebSocket-Key``, a wrong
+version, a body, another method) is answered here with a 400 (426 for the
+version) in the JSON error shape. Otherwise the app gets an ASGI ``websocket``
+scope (spec 2.4, with the ``websocket.http.response`` extension, so an app may
+refuse the upgrade with an ordinary HTTP response, which closes the connection).
+No extension (compression) is negotiated. The client's messages are assembled
+up to ``ws_max_message_bytes`` (a longer one is closed with 1009); pings are
+answered; every write has the write deadline, as above; after either side's
+close frame the connection lingers (at most ``LINGER_S``) for the other's, then
+closes. The scope's ``voxpool.shutdown`` extension holds an event set when the
+server starts to shut down, for an app that ends long-lived sockets then.
 """
 
 from __future__ import annotations
@@ -54,7 +68,13 @@ import anyio.abc
 import anyio.lowlevel
 import attrs
 import h11
+import wsproto.events as ws_events
 from starlette.types import ASGIApp, Message
+from wsproto import ConnectionType
+from wsproto.connection import Connection as WsConnection
+from wsproto.connection import ConnectionState as WsState
+from wsproto.handshake import H11Handshake
+from wsproto.utilities import RemoteProtocolError as WsRemoteProtocolError
 
 MAX_RECV = 64 * 1024
 """Bytes asked of the kernel per socket read."""
@@ -70,6 +90,12 @@ LINGER_BYTES = 1024 * 1024
 kernel does not reset the connection before the client has read our response."""
 
 DISCONNECT: Message = {"type": "http.disconnect"}
+WS_MAX_MESSAGE_BYTES = 1024 * 1024
+"""Longest WebSocket message a client may send by default (its fragments together)."""
+WS_CLOSE_REASON_BYTES = 123
+"""A close frame's reason is at most this many bytes of UTF-8 (RFC 6455: 125 with the code)."""
+WS_EARLY_BYTES = 64 * 1024
+"""Bytes a client may send before the handshake completes (kept for the WebSocket), at most."""
 
 
 class AbortKind(enum.Enum):
@@ -262,6 +288,268 @@ class _Exchange:
                 await conn.write(out)
 
 
+class WebSocketClosed(OSError):
+    """``send`` on a WebSocket that is closed (ASGI: a server-specific subclass of OSError)."""
+
+
+def truncate_reason(reason: str) -> str:
+    """``reason`` cut (at a character boundary) to fit a close frame."""
+    data = reason.encode("utf-8")
+    if len(data) <= WS_CLOSE_REASON_BYTES:
+        return reason
+    return data[:WS_CLOSE_REASON_BYTES].decode("utf-8", "ignore")
+
+
+def json_reason(message: str, error_type: str = "invalid_request_error") -> str:
+    """A close reason in the API's shape, ``{"type", "message"}``, that fits a close frame."""
+
+    def render(text: str) -> str:
+        return json.dumps({"type": error_type, "message": text}, separators=(",", ":"))
+
+    reason = render(message)
+    while len(reason.encode()) > WS_CLOSE_REASON_BYTES and message:
+        message = message[: len(message) - max(1, len(reason.encode()) - WS_CLOSE_REASON_BYTES)]
+        reason = render(message.rstrip() + "...")
+    return reason
+
+
+def wants_websocket(request: h11.Request) -> bool:
+    """Whether ``request`` asks for a WebSocket (its ``Upgrade`` header names ``websocket``)."""
+    return any(
+        name == b"upgrade" and any(t.strip().lower() == b"websocket" for t in value.split(b","))
+        for name, value in request.headers
+    )
+
+
+class _WsExchange:
+    """One WebSocket on a connection, from the handshake to the close: the ASGI ``receive``
+    and ``send`` of a ``websocket`` scope (see the module docstring)."""
+
+    def __init__(self, conn: _Connection, handshake: H11Handshake) -> None:
+        self.conn = conn
+        self.handshake = handshake
+        self.ws: WsConnection | None = None
+        self.connect_sent = False
+        self.accepted = False
+        self.responded = False  # an HTTP response instead of the upgrade (denial or error)
+        self.response_done = False
+        self.closed = False  # no more frames either way: the app sees (or saw) a disconnect
+        self.close_sent = False
+        self.close_code = 1006
+        self.close_reason = ""
+        self.early = b""
+        self.parts: list[bytes | str] = []
+        self.part_bytes = 0
+        self.failure: BaseException | None = None
+        self.changed = anyio.Event()
+        self.reading = anyio.Lock()
+        self.writing = anyio.Lock()
+
+    # the connection calls this when it is aborted (a deadline, shutdown)
+    def disconnect(self) -> None:
+        self.closed = True
+        self._changed()
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    @property
+    def disconnected(self) -> Message:
+        return {
+            "type": "websocket.disconnect",
+            "code": self.close_code,
+            "reason": self.close_reason,
+        }
+
+    # ------------------------------------------------------------- receive
+    async def receive(self) -> Message:
+        if not self.connect_sent:
+            self.connect_sent = True
+            return {"type": "websocket.connect"}
+        async with self.reading:
+            while True:
+                if self.ws is not None:
+                    message = await self._next_message()
+                    if message is not None:
+                        return message
+                if self.closed or self.conn.closed:
+                    self.closed = True
+                    return self.disconnected
+                if self.ws is None and len(self.early) >= WS_EARLY_BYTES:
+                    await self.changed.wait()  # frames before the handshake: read no more
+                    continue
+                data = await self.conn.recv()
+                if self.ws is not None and self.ws.state is WsState.CLOSED:
+                    self.closed = True  # both close frames went by (the send side saw the last)
+                elif self.ws is not None:
+                    self.ws.receive_data(data or None)
+                elif data:
+                    self.early += data
+                else:
+                    self.closed = True
+                    return self.disconnected
+
+    async def _next_message(self) -> Message | None:
+        """Process the frames wsproto has parsed: a whole message, a disconnect, or None
+        (more bytes are needed)."""
+        ws = self.ws
+        assert ws is not None
+        limit = self.conn.server.ws_max_message_bytes
+        for event in ws.events():
+            if isinstance(event, ws_events.Message):
+                data = event.data
+                self.part_bytes += len(data) if isinstance(data, bytes) else len(data.encode())
+                if limit and self.part_bytes > limit:
+                    await self._close(1009, json_reason(f"message longer than {limit} bytes"))
+                    return self.disconnected
+                self.parts.append(bytes(data) if isinstance(data, bytearray) else data)
+                if event.message_finished:
+                    parts, self.parts, self.part_bytes = self.parts, [], 0
+                    if isinstance(event, ws_events.TextMessage):
+                        return {"type": "websocket.receive", "text": "".join(map(str, parts))}
+                    return {
+                        "type": "websocket.receive",
+                        "bytes": b"".join(p for p in parts if isinstance(p, bytes)),
+                    }
+            elif isinstance(event, ws_events.Ping):
+                if ws.state is WsState.OPEN:
+                    await self._write(event.response())
+            elif isinstance(event, ws_events.CloseConnection):
+                if ws.state is WsState.OPEN:  # not the client's close: a frame wsproto refused
+                    await self._close(event.code, json_reason(event.reason or "protocol error"))
+                    return self.disconnected
+                self.close_code, self.close_reason = event.code, event.reason or ""
+                if ws.state is WsState.REMOTE_CLOSING:
+                    await self._write(event.response())
+                    self.close_sent = True
+                self.closed = True
+                self._changed()
+                return self.disconnected
+        return None
+
+    # ---------------------------------------------------------------- send
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "websocket.accept":
+            await self._accept(message)
+        elif kind == "websocket.send":
+            if not self.accepted:
+                raise RuntimeError("websocket.send before websocket.accept")
+            if self.closed or self.close_sent or self.conn.closed:
+                raise WebSocketClosed("the WebSocket is closed")
+            text, data = message.get("text"), message.get("bytes")
+            event: ws_events.Event = (
+                ws_events.TextMessage(data=text)
+                if text is not None
+                else ws_events.BytesMessage(data=bytes(data or b""))
+            )
+            if not await self._write(event):
+                raise WebSocketClosed("the WebSocket is closed")
+        elif kind == "websocket.close":
+            if not self.accepted:
+                if not self.responded:
+                    self.responded = self.response_done = True
+                    await self.conn.send_error(
+                        403, "the server refused the WebSocket connection", "permission_error"
+                    )
+                return
+            code = int(message.get("code") or 1000)
+            await self._close(code, str(message.get("reason") or ""))
+        elif kind == "websocket.http.response.start":
+            if self.accepted or self.responded:
+                raise RuntimeError("websocket.http.response.start after the handshake's answer")
+            self.responded = True
+            headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", [])]
+            headers = [(k, v) for k, v in headers if k != b"connection"]
+            headers += [(b"connection", b"close"), *self.conn.server.standard_headers()]
+            status = int(message["status"])
+            data = self.conn.h11.send(
+                h11.Response(status_code=status, headers=headers, reason=_reason(status))
+            )
+            await self.conn.write(data or b"")
+        elif kind == "websocket.http.response.body":
+            if not self.responded or self.response_done:
+                raise RuntimeError("websocket.http.response.body without its start")
+            out = b""
+            body = bytes(message.get("body", b""))
+            if body:
+                out += self.conn.h11.send(h11.Data(data=body)) or b""
+            if not message.get("more_body", False):
+                out += self.conn.h11.send(h11.EndOfMessage()) or b""
+                self.response_done = True
+            if out:
+                await self.conn.write(out)
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r} on a WebSocket")
+
+    async def _accept(self, message: Message) -> None:
+        if self.accepted or self.responded:
+            raise RuntimeError("websocket.accept sent twice, or after a response")
+        headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", [])]
+        accept = ws_events.AcceptConnection(
+            subprotocol=message.get("subprotocol"),
+            extra_headers=headers + self.conn.server.standard_headers(),
+        )
+        data = self.handshake.send(accept)
+        self.ws = self.handshake.connection
+        self.accepted = True
+        trailing, eof = self.conn.h11.trailing_data
+        async with self.writing:
+            if not await self.conn.write_whole(data):
+                return
+        assert self.ws is not None
+        self.ws.receive_data(bytes(trailing) + self.early)
+        self.early = b""
+        if eof:
+            self.ws.receive_data(None)
+        self._changed()
+
+    async def _write(self, event: ws_events.Event) -> bool:
+        """Render (in order, under the write lock) and write one frame; False if the
+        connection ended."""
+        ws = self.ws
+        assert ws is not None
+        async with self.writing:
+            if self.conn.closed:
+                return False
+            return await self.conn.write_whole(ws.send(event))
+
+    async def _close(self, code: int, reason: str) -> None:
+        """Our close frame (once), then the app's disconnect."""
+        ws = self.ws
+        if not self.close_sent and ws is not None and not self.conn.closed:
+            self.close_sent = True
+            if ws.state in (WsState.OPEN, WsState.REMOTE_CLOSING):
+                event = ws_events.CloseConnection(code=code, reason=truncate_reason(reason))
+                await self._write(event)
+        if not self.closed:
+            self.close_code, self.close_reason = code, reason
+        self.closed = True
+        self._changed()
+
+    async def finish(self) -> None:
+        """After the app: close the socket if it did not (1011 after a failure, 1000
+        otherwise), then wait (briefly) for the client's close frame before the TCP close."""
+        if not self.accepted:
+            return
+        if not self.close_sent and not self.conn.closed:
+            await self._close(1011 if self.failure is not None else 1000, "")
+        ws = self.ws
+        if ws is None or self.conn.closed or ws.state is not WsState.LOCAL_CLOSING:
+            return
+        with anyio.move_on_after(LINGER_S):
+            drained = 0
+            while ws.state is WsState.LOCAL_CLOSING and drained < LINGER_BYTES:
+                data = await self.conn.recv()
+                if not data:
+                    return
+                drained += len(data)
+                ws.receive_data(data)
+                for _ in ws.events():
+                    pass
+
+
 class _Connection:
     """One client socket: request cycles until the client or a deadline ends it."""
 
@@ -271,7 +559,8 @@ class _Connection:
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.scope = anyio.CancelScope()
         self.head_scope: anyio.CancelScope | None = None
-        self.exchange: _Exchange | None = None
+        self.shielded: set[anyio.CancelScope] = set()
+        self.exchange: _Exchange | _WsExchange | None = None
         self.aborted: AbortKind | None = None
         self.closed = False
         self.eof = False
@@ -315,6 +604,18 @@ class _Connection:
                 return False
         return True
 
+    async def write_whole(self, data: bytes) -> bool:
+        """:meth:`write`, shielded from the caller's cancellation, so that a WebSocket frame is
+        never cut in half; still bounded by the write deadline, and cancelled by an abort from
+        outside (:meth:`cancel`), which ends the connection anyway."""
+        with anyio.CancelScope(shield=True) as scope:
+            self.shielded.add(scope)
+            try:
+                return await self.write(data)
+            finally:
+                self.shielded.discard(scope)
+        return False  # cancelled by an abort: the connection is gone
+
     def mark_aborted(self, kind: AbortKind) -> None:
         """Count the abort (once) and tell the running handler the client is gone."""
         if self.aborted is None:
@@ -336,6 +637,8 @@ class _Connection:
         """
         self.mark_aborted(kind)
         self.scope.cancel()
+        for scope in list(self.shielded):
+            scope.cancel()
 
     def on_shutdown(self) -> None:
         """Shutdown began: a connection waiting for a request head closes now."""
@@ -391,6 +694,9 @@ class _Connection:
                     request = await self._read_head()
                     if request is None:
                         break
+                    if wants_websocket(request):  # the connection is the socket's from now on
+                        await self._websocket(request)
+                        break
                     await self._exchange(request)
                     if not self._next_cycle():
                         break
@@ -443,9 +749,11 @@ class _Connection:
         *,
         head_only: bool = False,
         request_id: str | None = None,
+        extra: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         """A complete error response in the API's JSON shape (the connection closes after it)."""
         headers, body = json_error(status, message, error_type, request_id)
+        headers += extra
         try:
             out = (
                 self.h11.send(
@@ -477,6 +785,77 @@ class _Connection:
             tg.cancel_scope.cancel()  # the disconnect watcher
         self.exchange = None
         await self._finish(exchange, scope)
+
+    async def _websocket(self, request: h11.Request) -> None:
+        """A WebSocket handshake: checked here (a JSON 4xx if malformed), then the app's."""
+        self.keep_alive = False
+        try:
+            event = self.h11.next_event()
+        except h11.RemoteProtocolError as exc:
+            await self._protocol_error(exc)
+            return
+        if request.method != b"GET" or request.http_version != b"1.1":
+            await self.send_error(
+                400, "a WebSocket handshake is an HTTP/1.1 GET", "invalid_request_error"
+            )
+            return
+        if not isinstance(event, h11.EndOfMessage):
+            await self.send_error(
+                400, "a WebSocket handshake carries no body", "invalid_request_error"
+            )
+            return
+        handshake = H11Handshake(ConnectionType.SERVER)
+        try:
+            handshake.initiate_upgrade_connection(list(request.headers), request.target)
+            asked = next(e for e in handshake.events() if isinstance(e, ws_events.Request))
+        except WsRemoteProtocolError as exc:
+            hint = exc.event_hint
+            status = hint.status_code if isinstance(hint, ws_events.RejectConnection) else 400
+            extra = [(b"sec-websocket-version", b"13")] if status == 426 else []
+            await self.send_error(
+                status,
+                f"malformed WebSocket handshake: {exc}",
+                "invalid_request_error",
+                extra=extra,
+            )
+            return
+        except Exception as exc:  # anything else wsproto cannot take (a target h11 let through)
+            await self.send_error(
+                400, f"malformed WebSocket handshake: {type(exc).__name__}", "invalid_request_error"
+            )
+            return
+        scope = self.server.websocket_scope(request, asked.subprotocols, self.client, self.local)
+        exchange = _WsExchange(self, handshake)
+        self.exchange = exchange
+        try:
+            await self.server.app(scope, exchange.receive, exchange.send)
+        except Exception as exc:
+            exchange.failure = exc
+        finally:
+            self.exchange = None
+        failure = exchange.failure
+        request_id = scope.get("state", {}).get("request_id")
+        if failure is not None and not isinstance(failure, WebSocketClosed):
+            where = f"WebSocket {scope['path']} (request id {request_id})"
+            if exchange.accepted or exchange.responded:
+                _log(f"{where} ended with {type(failure).__name__}: {str(failure)[:200]}")
+            else:
+                _log(f"{where} failed without a response:")
+                traceback.print_exception(failure, file=sys.stderr)
+        if self.closed:
+            return
+        if not exchange.accepted and not exchange.responded:
+            what = "internal error" if failure else "the handler sent no response"
+            await self.send_error(
+                500,
+                f"{what} (details are in the server log)",
+                "server_error",
+                request_id=request_id,
+            )
+        elif exchange.responded and not exchange.response_done:
+            await self._reset()  # a response the app began and never ended: cut it
+        else:
+            await exchange.finish()
 
     async def _finish(self, exchange: _Exchange, scope: Mapping[str, Any]) -> None:
         if exchange.protocol_error is not None and not self.closed:
@@ -546,6 +925,7 @@ class HttpServer:
     bounds the connections served at once: one more is answered 503 with the JSON
     error shape and closed at once, without reading its request, so the memory
     held for request bodies stays below ``max_connections`` times the body limit.
+    ``ws_max_message_bytes`` (0: no limit) bounds a WebSocket message from a client.
     """
 
     def __init__(
@@ -557,8 +937,11 @@ class HttpServer:
         send_buffer_bytes: int = 0,
         max_connections: int = 0,
         state: Mapping[str, Any] | None = None,
+        ws_max_message_bytes: int = WS_MAX_MESSAGE_BYTES,
     ) -> None:
         self.app = app
+        self.ws_max_message_bytes = ws_max_message_bytes
+        self.shutting_down = anyio.Event()
         self.max_connections = max_connections
         self.refused = 0
         self.deadlines = deadlines or Deadlines()
@@ -614,6 +997,30 @@ class HttpServer:
             "state": dict(self.state),
             "extensions": {},
         }
+
+    def websocket_scope(
+        self,
+        request: h11.Request,
+        subprotocols: Sequence[str],
+        client: tuple[str, int] | None,
+        local: tuple[str, int] | None,
+    ) -> dict[str, Any]:
+        """The ASGI WebSocket scope of one handshake (see the module docstring)."""
+        scope = self.scope_for(request, client, local)
+        del scope["method"]
+        scope.update(
+            {
+                "type": "websocket",
+                "asgi": {"version": "3.0", "spec_version": "2.4"},
+                "scheme": "ws",
+                "subprotocols": list(subprotocols),
+                "extensions": {
+                    "websocket.http.response": {},
+                    "voxpool.shutdown": {"event": self.shutting_down},
+                },
+            }
+        )
+        return scope
 
     # ---------------------------------------------------------------- serving
     async def serve(self, listeners: Sequence[anyio.abc.SocketListener]) -> None:
@@ -703,6 +1110,7 @@ class HttpServer:
             return self._report
         t0 = time.monotonic()
         self.closing = True
+        self.shutting_down.set()
         self._accepting.cancel()
         open_at_start = len(self.connections)
         for conn in list(self.connections):

@@ -37,6 +37,8 @@ JSON_ROUTES = (
     "/v1/models/unload",
     "/v1/tasks/unload_models",
 )
+LIVE = "/v1/audio/vad/live"
+"""The live VAD WebSocket (a plain GET of it is a 426; its handshakes are cases below)."""
 PAGE = ("/", "/page/app.js", "/page/style.css")
 """The web page and its assets (server/http/app.py ``PAGE_FILES``)."""
 ROUTES = {
@@ -46,6 +48,7 @@ ROUTES = {
     "/metrics": "GET",
     "/openapi.json": "GET",
     "/v1/audio/voices": "GET",
+    LIVE: "GET",
     **{path: "POST" for path in (*JSON_ROUTES, "/v1/tasks/unload_all_models")},
 }
 SPEECH = {"model": "piper", "input": "Hi."}
@@ -636,6 +639,29 @@ def method_cases() -> list[Case]:
     return out
 
 
+def live_cases() -> list[Case]:
+    """Handshakes of the live VAD WebSocket that must be refused with a 4xx before the upgrade
+    (issue #14): by the listener (malformed) or by the route (what it names)."""
+    key = {"Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    upgrade = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13"}
+
+    def live(name: str, status: int, headers: dict[str, str], contains: str, **params: str) -> Case:
+        request = {"headers": headers, "params": params}
+        return Case(f"live-{name}", "GET", LIVE, status, request, contains)
+
+    return [
+        live("plain-get", 426, {}, "WebSocket", model="silero_vad"),
+        live("no-key", 400, upgrade, "Sec-WebSocket-Key", model="silero_vad"),
+        live("version", 426, {**upgrade, **key, "Sec-WebSocket-Version": "8"}, "Version"),
+        live("unknown-model", 404, {**upgrade, **key}, "nope", model="nope"),
+        live("wrong-task", 400, {**upgrade, **key}, "task", model="whisper"),
+        live("not-batching", 400, {**upgrade, **key}, "batching", model="silero_vad"),
+        live("no-model", 400, {**upgrade, **key}, "'model'", threshold="0.5"),
+        live("unknown-field", 400, {**upgrade, **key}, "unknown field", model="x", stream="1"),
+        live("cross-origin", 403, {**upgrade, **key, "Origin": "http://evil.example"}, "origin"),
+    ]
+
+
 def route_cases() -> list[Case]:
     out = [
         Case(f"unknown-route-{i}", "GET", path, 404)
@@ -844,6 +870,7 @@ def corpus(hello: bytes, limits: Limits) -> list[Case]:
     out += (
         method_cases()
         + route_cases()
+        + live_cases()
         + auth_cases()
         + management_cases()
         + task_cases(hello, limits)
