@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit
@@ -220,10 +220,10 @@ async def admitted(
 
 async def start_message(websocket: WebSocket, st: ServerState) -> tuple[ModelSpec, Any, int | None]:
     """The first message when the query string names no model: ``{"type": "start",
-    "model": ..., options}``, within the idle timeout."""
+    "model": ..., options}``, within the idle timeout (a shutdown meanwhile closes 1001)."""
     idle = st.config.body_read_timeout_s
     with anyio.move_on_after(idle):
-        message = await websocket.receive()
+        message = await until_shutdown(websocket, websocket.receive())
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(int(message.get("code", 1006)))
         text = message.get("text")
@@ -247,6 +247,26 @@ async def start_message(websocket: WebSocket, st: ServerState) -> tuple[ModelSpe
         except ApiError as exc:
             raise Refusal(POLICY, exc.error_type, exc.message) from None
     raise Refusal(POLICY, "timeout", f"no start message within body_read_timeout_s={idle:g}")
+
+
+async def until_shutdown(websocket: WebSocket, wait: Awaitable[Message]) -> Message:
+    """``wait``'s message, unless the server starts shutting down first (Refusal 1001)."""
+    shutdown = websocket.scope.get("extensions", {}).get("voxpool.shutdown")
+    if not shutdown:
+        return await wait
+    got: list[Message] = []
+    async with anyio.create_task_group() as tg:
+
+        async def take() -> None:
+            got.append(await wait)
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(take)
+        await shutdown["event"].wait()
+        tg.cancel_scope.cancel()
+    if got:
+        return got[0]
+    raise Refusal(GOING_AWAY, "server_shutdown", "the server is shutting down")
 
 
 def parse_json(text: str) -> dict[str, Any]:

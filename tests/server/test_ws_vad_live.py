@@ -322,6 +322,7 @@ def test_a_busy_model_is_503_before_the_upgrade_and_1013_after(live: LiveServer)
         ("model=vad", [b"\x00" * (1024 * 1024 + 2)], 1009, "1048576 bytes"),
         ("", [b"\x00\x00"], 1008, "first message"),
         ("", [json.dumps({"type": "start", "model": "nope"})], 1008, "unknown model"),
+        ("", [json.dumps({"type": "start", "model": "n" * 300})], 1008, "unknown model"),
         ("", [json.dumps({"type": "start", "model": "plain"})], 1008, "batching"),
         ("", [json.dumps({"type": "start", "model": "vad", "threshold": 0})], 1008, "threshold"),
         ("", [json.dumps({"type": "begin", "model": "vad"})], 1008, "'start'"),
@@ -391,7 +392,7 @@ def test_a_client_that_stops_reading_is_aborted_and_frees_its_slot(live: LiveSer
     s.close()
 
 
-def test_a_stream_longer_than_max_audio_seconds_is_ended_at_it(
+def test_max_audio_seconds_and_shutdown_end_streams_with_their_summary(
     server_logs: Path, tmp_path: Path
 ) -> None:
     path = config(tmp_path)
@@ -412,15 +413,18 @@ def test_a_stream_longer_than_max_audio_seconds_is_ended_at_it(
         assert done["reason"] == "max_audio_seconds" and done["duration"] == 2.0
         assert done["chunks"] == len(probabilities_of(messages)) == 63
         # SIGTERM: an open socket gets the summary of what it sent, then 1001
-        with open_ws(server) as ws:
+        with open_ws(server) as ws, open_ws(server, "") as waiting:  # waiting: no start yet
             ws.send(pcm("short")[:32000])
             messages = []
             while len(probabilities_of(messages)) < 31:  # every whole chunk sent was processed
                 messages.append(json.loads(ws.recv(timeout=GUARD_S)))
             server.signal()
             rest, rcvd = drain(ws)
+            nothing, waited = drain(waiting)
         messages += rest
         assert close_json(rcvd, 1001)["type"] == "server_shutdown"
+        assert close_json(waited, 1001)["type"] == "server_shutdown"
+        assert [m["type"] for m in nothing] == ["error"]  # it had no stream to summarize
         assert messages[-1]["type"] == "vad.done" and messages[-1]["reason"] == "shutdown"
         assert messages[-1]["chunks"] == 32
         assert server.proc is not None and server.proc.wait(GUARD_S) == 0  # drained, exited
@@ -434,5 +438,6 @@ def test_the_server_is_healthy_after_all_of_it(live: LiveServer) -> None:
     for model in ("vad", "vad1"):
         slots_free(live, model)
     messages, rcvd = stream(live, pcm("short"))
-    assert rcvd.code == 1000 and messages[-1]["type"] == "vad.done"
-    assert "internal error" not in live.log() and "Traceback" not in live.log()
+    assert rcvd.code == 1000 and messages[-1]["type"] == "vad.done", (rcvd, messages[-3:])
+    log = live.log()
+    assert "internal error" not in log and "Traceback" not in log, log[-6000:]
