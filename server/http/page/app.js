@@ -1,8 +1,9 @@
 // voxpool's page: vanilla JavaScript, no build step, no dependencies. It talks only to the
 // server that served it (same origin): /health, /v1/models, /v1/audio/{voices,speech,
-// transcriptions,vad}. The live view polls /v1/models and draws each model the way the
-// simulator's timeline does (sim/timeline.py): a management lane (the model's state), one
-// lane per slot (busy or idle) and the queue depth, over the last 15 s, 60 s or 5 min.
+// transcriptions,vad} and the WebSocket /v1/audio/vad/live. The live view polls /v1/models
+// and draws each model the way the simulator's timeline does (sim/timeline.py): a management
+// lane (the model's state), one lane per slot (busy or idle) and the queue depth, over the
+// last 15 s, 60 s or 5 min.
 "use strict";
 
 const POLL_MS = 250;
@@ -153,6 +154,138 @@ async function loadVoices() {
   } catch (err) {
     say($("speak-status"), describe(err, "voices"), "error");
   }
+}
+
+// ------------------------------------------------------------------ live voice activity
+// The microphone at 16 kHz (the AudioContext resamples it), as 16-bit PCM over a WebSocket to
+// /v1/audio/vad/live; each 32 ms chunk's probability comes back and is drawn over the last
+// 10 s, with the speech start/end events. Stop sends {"type": "end"}: the server answers with
+// the summary (the offline route's segments) and closes 1000. The status line says how the
+// socket closed (data-close) and how many chunks came back (data-chunks).
+const LIVE_CHUNKS = 312; // 10 s of 32 ms chunks drawn
+let liveRun = null;
+
+function fillLiveModels(rows) {
+  const sel = $("live-model");
+  const ids = rows.filter((r) => r.task === "vad" && r.batching).map((r) => r.id);
+  if (ids.join("\n") !== Array.from(sel.options, (o) => o.value).join("\n")) {
+    const keep = sel.value;
+    clear(sel);
+    for (const modelId of ids) sel.add(new Option(modelId, modelId));
+    if (ids.includes(keep)) sel.value = keep;
+  }
+  if (!liveRun) $("live-button").disabled = ids.length === 0;
+}
+
+function drawLive(probs) {
+  const el = $("live-svg");
+  clear(el);
+  svg("rect", { x: 0, y: 0, width: 560, height: 48, fill: LANE_BG }, el);
+  const shown = probs.slice(-LIVE_CHUNKS);
+  const w = 560 / LIVE_CHUNKS;
+  shown.forEach((p, i) => {
+    const h = Math.max(1, p * 44);
+    svg("rect", { x: i * w, y: 46 - h, width: Math.max(w, 1), height: h, fill: p >= 0.5 ? BUSY : TEXT_SEGMENT }, el);
+  });
+}
+
+function liveEvent(text) {
+  const list = $("live-events");
+  const item = document.createElement("li");
+  item.textContent = text;
+  list.appendChild(item);
+}
+
+async function toggleLive() {
+  if (liveRun) {
+    stopLiveAudio(liveRun);
+    if (liveRun.ws.readyState === WebSocket.OPEN) liveRun.ws.send(JSON.stringify({ type: "end" }));
+    $("live-button").disabled = true; // until the server closes
+    say($("live-status"), "finishing…", "busy");
+    return;
+  }
+  const status = $("live-status");
+  const model = $("live-model").value;
+  nextRun(status);
+  status.dataset.chunks = "0";
+  delete status.dataset.close;
+  clear($("live-events"));
+  say(status, "opening the microphone…", "busy");
+  let media;
+  try {
+    media = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1 } });
+  } catch (err) {
+    say(status, `microphone: ${err.message} (a browser gives it only to a secure page)`, "error");
+    return;
+  }
+  const context = new AudioContext({ sampleRate: 16000 });
+  const source = context.createMediaStreamSource(media);
+  const node = context.createScriptProcessor(4096, 1, 1);
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const ws = new WebSocket(`${scheme}://${location.host}/v1/audio/vad/live?model=${encodeURIComponent(model)}`);
+  ws.binaryType = "arraybuffer";
+  const run = { ws, media, context, source, node, probs: [], error: null, done: null };
+  liveRun = run;
+  $("live-button").textContent = "Stop";
+  ws.onopen = () => {
+    node.onaudioprocess = (event) => {
+      const input = event.inputBuffer.getChannelData(0);
+      const pcm = new Int16Array(input.length);
+      for (let i = 0; i < input.length; i++) {
+        const v = Math.max(-1, Math.min(1, input[i]));
+        pcm[i] = v < 0 ? v * 32768 : v * 32767;
+      }
+      if (ws.readyState === WebSocket.OPEN) ws.send(pcm.buffer);
+    };
+    source.connect(node);
+    node.connect(context.destination);
+    say(status, `listening (${model})…`, "busy");
+  };
+  ws.onmessage = (event) => {
+    const message = JSON.parse(event.data);
+    if (message.type === "vad.probabilities") {
+      run.probs.push(...message.probabilities);
+      status.dataset.chunks = String(run.probs.length);
+      drawLive(run.probs);
+    } else if (message.type === "vad.speech.start" || message.type === "vad.speech.end") {
+      liveEvent(`${message.type.slice(11)} at ${seconds(message.time)}`);
+    } else if (message.type === "vad.done") {
+      run.done = message;
+    } else if (message.type === "error") {
+      run.error = message.error.message;
+    }
+  };
+  ws.onclose = (event) => {
+    stopLiveAudio(run);
+    liveRun = null;
+    status.dataset.close = String(event.code);
+    $("live-button").textContent = "Start";
+    $("live-button").disabled = $("live-model").options.length === 0;
+    if (event.code === 1000 && run.done) {
+      const segments = run.done.segments.map((s) => `${s.start.toFixed(2)}–${s.end.toFixed(2)} s`);
+      say(status, `${seconds(run.done.duration)} heard, ${run.done.chunks} chunks; speech: ${segments.join(", ") || "none"}`, "ok");
+    } else {
+      let why = run.error || event.reason || "the server refused the connection or it was lost";
+      try {
+        why = JSON.parse(event.reason).message;
+      } catch (_) {
+        // a plain reason (or none): keep it
+      }
+      say(status, `live voice activity: ${why} (close ${event.code})`, "error");
+    }
+  };
+}
+
+function stopLiveAudio(run) {
+  run.node.onaudioprocess = null;
+  try {
+    run.source.disconnect();
+    run.node.disconnect();
+  } catch (_) {
+    // never connected (the socket did not open)
+  }
+  for (const track of run.media.getTracks()) track.stop();
+  run.context.close().catch(() => {});
 }
 
 // ------------------------------------------------------------------ speak
@@ -496,6 +629,7 @@ function drawModel(row, samples, now, index) {
 
 function update(rows, now) {
   fillSelects(rows);
+  fillLiveModels(rows);
   const seen = new Set();
   rows.forEach((row, index) => {
     seen.add(row.id);
@@ -562,6 +696,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("speak-button").addEventListener("click", speak);
   $("tts-model").addEventListener("change", loadVoices);
   $("record-button").addEventListener("click", toggleRecording);
+  $("live-button").addEventListener("click", toggleLive);
   $("audio-file").addEventListener("change", (event) => {
     const file = event.target.files[0];
     if (file) transcribe(file, file.name);
