@@ -84,7 +84,7 @@ def flow_reverse_host(
 
 
 def _conv_host(x: np.ndarray, cw: host.ConvWeights, gaps: host.Gaps) -> np.ndarray:
-    out = np.empty((cw.matrix.shape[0], x.shape[1]), np.float32)
+    out = np.empty((cw.c_out, x.shape[1]), np.float32)
     host.conv_same(x, cw, out, gaps=gaps)
     return out
 

@@ -98,7 +98,7 @@ def generate_host(
     own (frame ``f`` is samples ``f * hop`` to ``(f + 1) * hop``).
     """
     prep = prepared.convs
-    x = np.empty((prep["dec.conv_pre"].matrix.shape[0], z.shape[1]), np.float32)
+    x = np.empty((prep["dec.conv_pre"].c_out, z.shape[1]), np.float32)
     host.conv_same(z, prep["dec.conv_pre"], x, post_slope=_SLOPE, gaps=gaps)
     n_k = len(h.resblock_kernels)
     stages = len(h.upsample_rates)

@@ -4,12 +4,20 @@ The HiFi-GAN decoder is about three quarters of a request, nearly all of it in
 its residual blocks: ``x + conv(leaky_relu(x))`` at 32 to 128 channels over
 tens of thousands of samples. The backend's generic ops run that as three
 passes over memory (activation, im2col conv, residual add). Here one pass over
-cache-sized time tiles does all three, plus the resblock sum and its
-``1 / n`` scale: the activation of a tile (with its halo) is computed once into
-a small buffer, the tile's column matrix is filled from it, one GEMM with the
-bias folded in (a row of ones) writes the tile, and the residual and the
-accumulation are added while it is still in cache. Tile buffers are allocated
-once per call and reused for every tile.
+cache-sized time tiles does all three, plus the resblock sum and its ``1 / n``
+scale. With numpy's own BLAS at hand (:mod:`backends.piper.blas`, the bundled
+OpenBLAS) a conv is a sum of per-tap GEMMs that add straight into the output
+tile (``beta = 1``, each tap's input a shifted view of the activation buffer):
+the tile is first filled with the bias and the residual, so no im2col copy, no
+product temporary and no separate add pass remain. Elsewhere a tile's column
+matrix is filled from the activation and one GEMM with the bias folded in (a
+row of ones) writes it, the residual added after. Tile buffers are allocated
+once per call (per core) and reused for every tile.
+
+Tiles are independent, so their runs go to the caller's share of the cores
+(:func:`split`, :mod:`backends.parallel`), each with one BLAS thread: small
+GEMMs (32 to 128 rows) split badly over BLAS threads, and a tile computes the
+same bits on any core, so results do not depend on the share.
 
 Values are those of the backend's ops up to float32 summation order (the
 GEMM over the same rows, the same bias, the same activation); the parity tests
@@ -21,14 +29,17 @@ backends run the generic code in :mod:`backends.piper.generator`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from backends import parallel
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
+from backends.piper import blas
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
@@ -56,26 +67,42 @@ def is_host(be: ArrayBackend) -> bool:
     return isinstance(be, NumpyBackend)
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, slots=False)
 class ConvWeights:
-    """A Conv1d prepared for :func:`conv_same`: ``[C_out, C_in * K + 1]``, bias last."""
+    """A Conv1d prepared for :func:`conv_same`: per-tap matrices ``[K, C_out, C_in]`` and the
+    bias ``[C_out, 1]``; the im2col operand (:attr:`matrix`) is built when first needed."""
 
-    matrix: np.ndarray
-    kernel: int
+    taps: np.ndarray
+    bias: np.ndarray
     dilation: int
+
+    @property
+    def kernel(self) -> int:
+        return int(self.taps.shape[0])
+
+    @property
+    def c_out(self) -> int:
+        return int(self.taps.shape[1])
 
     @property
     def padding(self) -> int:
         """The "same" padding at each end."""
         return self.dilation * (self.kernel - 1) // 2
 
+    @functools.cached_property
+    def matrix(self) -> np.ndarray:
+        """``[C_out, C_in * K + 1]``: rows (channel, tap), bias last (the im2col GEMM's operand)."""
+        k, c_out, c_in = self.taps.shape
+        w = self.taps.transpose(1, 2, 0).reshape(c_out, c_in * k)
+        return np.ascontiguousarray(np.concatenate([w, self.bias], axis=1), dtype=np.float32)
+
 
 def prepare(w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> ConvWeights:
-    """Conv1d weights ``[C_out, C_in, K]`` and bias as one GEMM operand (rows (channel, tap))."""
-    c_out, c_in, k = w.shape
+    """Conv1d weights ``[C_out, C_in, K]`` and bias as :class:`ConvWeights`."""
+    c_out = w.shape[0]
     bias = np.zeros(c_out, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1)
-    matrix = np.concatenate([w.reshape(c_out, c_in * k), bias[:, None]], axis=1)
-    return ConvWeights(np.ascontiguousarray(matrix, dtype=np.float32), k, dilation)
+    taps = np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 0, 1))
+    return ConvWeights(taps, np.ascontiguousarray(bias.reshape(c_out, 1)), dilation)
 
 
 def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
@@ -84,7 +111,198 @@ def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
     np.maximum(out, src, out=out)
 
 
+TAPS_TILE = 1 << 16
+"""Elements (channels x columns) of one tile of the per-tap paths: the tile's activation,
+residual and output buffers (about 256 KB each) stay in L2 together."""
+
+USE_TAPS = True
+"""Run the convs as per-tap GEMMs through numpy's BLAS where it was found (:mod:`blas`);
+False: the im2col paths (also where it was not found)."""
+
+
 def conv_same(
+    x: np.ndarray,
+    cw: ConvWeights,
+    out: np.ndarray,
+    *,
+    slope: float | None = None,
+    residual: bool = False,
+    add_to: bool = False,
+    scale: float | None = None,
+    post_slope: float | None = None,
+    gaps: Gaps = (),
+) -> None:
+    """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
+
+    Per time tile, in this order (each step optional):
+
+    * the input is ``leaky_relu(x, slope)`` (the zero padding applies after it);
+    * ``r = conv(.) + bias``, plus ``x`` itself when ``residual``;
+    * ``out = r``, or ``out += r`` when ``add_to``;
+    * ``out *= scale``, then ``out = leaky_relu(out, post_slope)`` (the next
+      layer's activation, when nothing else reads ``out``).
+
+    ``out`` must not overlap ``x``. ``gaps`` (a packed batch, :func:`zero_gaps`) are
+    zeroed in ``x`` first. With numpy's BLAS at hand the conv is a sum of per-tap
+    GEMMs adding into the output tile (:func:`blas.conv_taps`: no im2col copy, bias
+    and residual written first); else one im2col GEMM per tile.
+    """
+    if not (USE_TAPS and blas.available()):
+        _conv_same_im2col(
+            x, cw, out, slope=slope, residual=residual, add_to=add_to, scale=scale,
+            post_slope=post_slope, gaps=gaps,
+        )  # fmt: skip
+        return
+    zero_gaps(x, gaps)
+    c_in, t = x.shape
+    tile = max(256, min(t, TAPS_TILE // max(c_in, cw.c_out)))
+    s = None if scale is None else np.float32(scale)
+
+    def piece(run: range) -> None:
+        pad = cw.padding
+        act = np.empty((c_in, min(tile, t) + 2 * pad), np.float32)
+        tmp = np.empty((cw.c_out, min(tile, t)), np.float32)
+        for t0 in run:
+            n = min(tile, t - t0)
+            o = out[:, t0 : t0 + n]
+            a = act[:, : n + 2 * pad]
+            _activate(x, t0 - pad, slope, a)
+            if residual:
+                if add_to:
+                    o += x[:, t0 : t0 + n]
+                    o += cw.bias
+                else:
+                    np.add(x[:, t0 : t0 + n], cw.bias, out=o)
+            elif add_to:
+                o += cw.bias
+            else:
+                o[...] = cw.bias
+            blas.conv_taps(o, cw.taps, a, 0, cw.dilation)
+            if s is not None:
+                o *= s
+            if post_slope is not None:
+                np.maximum(o, np.multiply(o, np.float32(post_slope), out=tmp[:, :n]), out=o)
+
+    split(piece, range(0, t, tile))
+
+
+def resblocks(
+    x: np.ndarray,
+    blocks: Sequence[tuple[ConvWeights, ConvWeights]],
+    out: np.ndarray,
+    *,
+    slope: float,
+    post_slope: float,
+    gaps: Gaps = (),
+) -> None:
+    """A HiFi-GAN stage's ResBlock2s, depth first: ``out = leaky(mean_j block_j(x), post_slope)``
+    with ``block(x) = y + conv2(leaky(y))``, ``y = x + conv1(leaky(x))``.
+
+    Per time tile of the output: ``leaky(x)`` over the tile and the widest halo, once
+    for all blocks; per block, ``y`` over the tile plus ``conv2``'s halo (the buffer
+    filled with ``x + bias1``, then ``conv1``'s taps added into it), zeroed outside
+    ``[0, T)`` and in ``gaps`` (``conv2``'s zero padding, a packed batch's masking);
+    the output tile gets ``y`` (plus every ``conv2``'s bias) and then ``conv2``'s taps
+    added into it. Every intermediate stays in cache and ``x`` is read once per tile
+    (the halo of ``y``, a few columns, is computed twice). Without numpy's BLAS, the
+    same per tile with im2col GEMMs. ``out`` must not overlap ``x``.
+    """
+    if not (USE_TAPS and blas.available()):
+        _resblocks_im2col(x, blocks, out, slope=slope, post_slope=post_slope, gaps=gaps)
+        return
+    zero_gaps(x, gaps)
+    c, t = x.shape
+    tile = max(256, min(t, TAPS_TILE // c))
+
+    def piece(run: range) -> None:
+        _resblock_tiles(x, blocks, out, slope, post_slope, gaps, tile, run)
+
+    split(piece, range(0, t, tile))
+
+
+def split(piece: Callable[[range], None], starts: range) -> None:
+    """``piece(run)`` for ``starts`` (tile starts) cut into the caller's share of the cores
+    (:mod:`backends.parallel`) in contiguous runs, each run on its own core with one BLAS
+    thread. A tile computes the same bits whichever run it is in, so the result does not
+    depend on the share."""
+    n = max(1, min(parallel.SHARE.share(), len(starts)))
+    cut = [len(starts) * i // n for i in range(n + 1)]
+    parallel.run_pieces(piece, [starts[cut[i] : cut[i + 1]] for i in range(n)])
+
+
+def _resblock_tiles(
+    x: np.ndarray,
+    blocks: Sequence[tuple[ConvWeights, ConvWeights]],
+    out: np.ndarray,
+    slope: float,
+    post_slope: float,
+    gaps: Gaps,
+    tile: int,
+    starts: range,
+) -> None:
+    """:func:`resblocks` over the output tiles starting at ``starts``, with its own buffers."""
+    c, t = x.shape
+    h2 = max(cw2.padding for _, cw2 in blocks)
+    halo = max(cw1.padding + cw2.padding for cw1, cw2 in blocks)
+    width = min(tile, t)
+    xa = np.empty((c, width + 2 * halo), np.float32)  # leaky(x), zero outside [0, T)
+    y = np.empty((c, width + 2 * h2), np.float32)
+    ya = np.empty((c, width + 2 * h2), np.float32)
+    bias2 = sum((cw2.bias for _, cw2 in blocks), np.zeros((c, 1), np.float32))
+    scale = np.float32(1.0 / len(blocks))
+    for t0 in starts:
+        n = min(tile, t - t0)
+        o = out[:, t0 : t0 + n]
+        _activate(x, t0 - halo, slope, xa[:, : n + 2 * halo])
+        for j, (cw1, cw2) in enumerate(blocks):
+            p2 = cw2.padding
+            e0, e1 = t0 - p2, t0 + n + p2  # y's columns, [e0, e1)
+            yj = y[:, : e1 - e0]
+            v0, v1 = max(e0, 0), min(e1, t)  # those inside [0, T)
+            np.add(x[:, v0:v1], cw1.bias, out=yj[:, v0 - e0 : v1 - e0])
+            blas.conv_taps(
+                yj[:, v0 - e0 : v1 - e0], cw1.taps, xa, v0 - cw1.padding - (t0 - halo),
+                cw1.dilation,
+            )  # fmt: skip
+            if v0 > e0:
+                yj[:, : v0 - e0] = 0
+            if v1 < e1:
+                yj[:, v1 - e0 :] = 0
+            for g0, g1 in gaps:
+                if g0 < e1 and g1 > e0:
+                    yj[:, max(g0, e0) - e0 : min(g1, e1) - e0] = 0
+            yc = yj[:, p2 : p2 + n]
+            if j == 0:
+                np.add(yc, bias2, out=o)
+            else:
+                o += yc
+            a = ya[:, : e1 - e0]
+            leaky_into(yj, slope, a)
+            blas.conv_taps(o, cw2.taps, a, 0, cw2.dilation)
+        o *= scale
+        np.maximum(o, np.multiply(o, np.float32(post_slope), out=ya[:, :n]), out=o)
+
+
+def _activate(src: np.ndarray, lo: int, slope: float | None, dst: np.ndarray) -> None:
+    """``dst = leaky(src, slope)[:, lo : lo + dst.shape[1]]``, zero outside ``src``'s columns."""
+    t = src.shape[1]
+    w = dst.shape[1]
+    a0, a1 = max(0, -lo), min(w, t - lo)
+    if a1 > a0:
+        window = src[:, lo + a0 : lo + a1]
+        if slope is None:
+            dst[:, a0:a1] = window
+        else:
+            leaky_into(window, slope, dst[:, a0:a1])
+    else:
+        a0 = a1 = 0
+    if a0:
+        dst[:, :a0] = 0
+    if a1 < w:
+        dst[:, max(a1, a0) :] = 0
+
+
+def _conv_same_im2col(
     x: np.ndarray,
     cw: ConvWeights,
     out: np.ndarray,
@@ -113,7 +331,7 @@ def conv_same(
     c_in, t = x.shape
     pad = cw.padding
     tile = max(256, min(t, TILE_BYTES // (4 * (c_in * cw.kernel + 1))))
-    sc = _Scratch(c_in, c_in * cw.kernel, cw.matrix.shape[0], tile, pad)
+    sc = _Scratch(c_in, c_in * cw.kernel, cw.c_out, tile, pad)
     s = None if scale is None else np.float32(scale)
     for t0 in range(0, t, tile):
         n = min(tile, t - t0)
@@ -134,7 +352,7 @@ def conv_same(
             np.maximum(o, np.multiply(o, np.float32(post_slope), out=r), out=o)
 
 
-def resblocks(
+def _resblocks_im2col(
     x: np.ndarray,
     blocks: Sequence[tuple[ConvWeights, ConvWeights]],
     out: np.ndarray,
@@ -199,7 +417,7 @@ def _tile_conv(
     cols = sc.cols[: rows + 1, :n]
     cols[rows] = 1
     _im2col(src, start, n, cw, slope, sc.act, cols[:rows])
-    r = sc.tmp[: cw.matrix.shape[0], :n]
+    r = sc.tmp[: cw.c_out, :n]
     np.matmul(cw.matrix, cols, out=r)
     return r
 
@@ -271,7 +489,8 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
     into frame-major order while the product is in cache, and the cropped samples
     (``padding`` at both ends) are written with the bias added. ``gaps`` are zeroed
-    in ``x`` first (:func:`zero_gaps`).
+    in ``x`` first (:func:`zero_gaps`). Runs of tiles go to the caller's cores
+    (:func:`split`).
     """
     zero_gaps(x, gaps)
     c_in, t = x.shape
@@ -281,29 +500,33 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     frames = t + taps - 1
     out = np.empty((c_out, t_out), np.float32)
     per = max(16, FRAMES_BYTES // (4 * uw.matrix.shape[0]))
-    acc = np.empty((c_out, per, u), np.float32)
-    for f0 in range(0, frames, per):
-        f1 = min(frames, f0 + per)
-        i0, i1 = max(0, f0 - taps + 1), min(t, f1)
-        c4 = np.matmul(uw.matrix, x[:, i0:i1]).reshape(c_out, taps, u, i1 - i0)
-        a = acc[:, : f1 - f0]
-        for m in range(taps):
-            lo, hi = max(f0, i0 + m), min(f1, i1 + m)  # output frames tap m reaches
-            part = c4[:, m, :, lo - m - i0 : hi - m - i0].transpose(0, 2, 1)
-            if m == 0:
-                if lo > f0:
-                    a[:, : lo - f0] = 0
-                if hi < f1:
-                    a[:, hi - f0 :] = 0
-                a[:, lo - f0 : hi - f0] = part
-            else:
-                a[:, lo - f0 : hi - f0] += part
-        flat = a.reshape(c_out, (f1 - f0) * u)
-        s0 = max(0, pad - f0 * u)  # first sample of this tile that is not cropped
-        s1 = min((f1 - f0) * u, t_out + pad - f0 * u)
-        if s1 > s0:
-            o0 = f0 * u + s0 - pad
-            np.add(flat[:, s0:s1], uw.bias, out=out[:, o0 : o0 + s1 - s0])
+
+    def piece(run: range) -> None:
+        acc = np.empty((c_out, per, u), np.float32)
+        for f0 in run:
+            f1 = min(frames, f0 + per)
+            i0, i1 = max(0, f0 - taps + 1), min(t, f1)
+            c4 = np.matmul(uw.matrix, x[:, i0:i1]).reshape(c_out, taps, u, i1 - i0)
+            a = acc[:, : f1 - f0]
+            for m in range(taps):
+                lo, hi = max(f0, i0 + m), min(f1, i1 + m)  # output frames tap m reaches
+                part = c4[:, m, :, lo - m - i0 : hi - m - i0].transpose(0, 2, 1)
+                if m == 0:
+                    if lo > f0:
+                        a[:, : lo - f0] = 0
+                    if hi < f1:
+                        a[:, hi - f0 :] = 0
+                    a[:, lo - f0 : hi - f0] = part
+                else:
+                    a[:, lo - f0 : hi - f0] += part
+            flat = a.reshape(c_out, (f1 - f0) * u)
+            s0 = max(0, pad - f0 * u)  # first sample of this tile that is not cropped
+            s1 = min((f1 - f0) * u, t_out + pad - f0 * u)
+            if s1 > s0:
+                o0 = f0 * u + s0 - pad
+                np.add(flat[:, s0:s1], uw.bias, out=out[:, o0 : o0 + s1 - s0])
+
+    split(piece, range(0, frames, per))
     return out
 
 

@@ -165,15 +165,35 @@ def test_leaky_relu_keeps_its_definition() -> None:
         np.testing.assert_array_equal(np.signbit(y), np.signbit(ref))
 
 
-@pytest.mark.parametrize("tile_bytes", [1024, 1 << 22])
+def _use_path(path: str, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run host's convs as per-tap GEMMs or im2col GEMMs, in many small tiles or one."""
+    from backends.piper import blas, host
+
+    if path == "taps" and not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
+    monkeypatch.setattr(host, "USE_TAPS", path == "taps")
+    # many tiles (halos at both ends), or one
+    monkeypatch.setattr(host, "TILE_BYTES", 1024 if small else 1 << 22)
+    monkeypatch.setattr(host, "TAPS_TILE", 256 if small else 1 << 22)
+
+
+@pytest.mark.parametrize("path", ["taps", "im2col"])
+@pytest.mark.parametrize("small", [True, False])
 @pytest.mark.parametrize(("c_in", "c_out", "k", "d", "t"), [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300)])
 def test_piper_fused_conv_matches_the_backend_ops(
-    tile_bytes: int, c_in: int, c_out: int, k: int, d: int, t: int, monkeypatch: pytest.MonkeyPatch
+    path: str,
+    small: bool,
+    c_in: int,
+    c_out: int,
+    k: int,
+    d: int,
+    t: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """host.conv_same = activation, conv, bias, residual, accumulation, scale, activation."""
     from backends.piper import host
 
-    monkeypatch.setattr(host, "TILE_BYTES", tile_bytes)  # many tiles (halos at both ends), or one
+    _use_path(path, small, monkeypatch)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((c_in, t), dtype=np.float32)
     w = rng.standard_normal((c_out, c_in, k), dtype=np.float32) * 0.3
@@ -198,14 +218,15 @@ def test_piper_fused_conv_matches_the_backend_ops(
     np.testing.assert_allclose(out, BE.conv1d(x[None], w, None, 1, pad, d)[0], atol=TOL, rtol=TOL)
 
 
-@pytest.mark.parametrize("tile_bytes", [2048, 1 << 22])
+@pytest.mark.parametrize("path", ["taps", "im2col"])
+@pytest.mark.parametrize("small", [True, False])
 def test_piper_depth_first_resblocks_match_conv_by_conv(
-    tile_bytes: int, monkeypatch: pytest.MonkeyPatch
+    path: str, small: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """host.resblocks (tiles with halos, gaps masked) = the blocks one fused conv at a time."""
     from backends.piper import host
 
-    monkeypatch.setattr(host, "TILE_BYTES", tile_bytes)
+    _use_path(path, small, monkeypatch)
     rng = np.random.default_rng(5)
     c, t = 6, 900
     gaps = [(300, 340), (700, 760)]
@@ -235,3 +256,142 @@ def test_piper_depth_first_resblocks_match_conv_by_conv(
     for g0, g1 in gaps:
         keep[g0:g1] = False  # gap columns are garbage either way
     np.testing.assert_allclose(out[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
+
+
+def test_conv_taps_adds_every_taps_product_into_a_strided_output() -> None:
+    """blas.conv_taps: out += sum_k W_k @ src[:, start + d k :][:, :n], rows of any stride."""
+    from backends.piper import blas
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found")
+    rng = np.random.default_rng(6)
+    for c_in, c_out, k, d, n in ((5, 7, 3, 2, 40), (1, 1, 7, 1, 9), (16, 1, 5, 3, 33)):
+        src = rng.standard_normal((c_in, 200), dtype=np.float32)
+        taps = rng.standard_normal((k, c_out, c_in), dtype=np.float32)
+        big = rng.standard_normal((c_out, 300), dtype=np.float32)
+        before = big.copy()
+        start = 4
+        blas.conv_taps(big[:, 10 : 10 + n], taps, src, start, d)
+        want = before[:, 10 : 10 + n].astype(np.float64)
+        for j in range(k):
+            s0 = start + d * j
+            want += taps[j].astype(np.float64) @ src[:, s0 : s0 + n].astype(np.float64)
+        np.testing.assert_allclose(big[:, 10 : 10 + n], want, atol=TOL, rtol=TOL)
+        np.testing.assert_array_equal(big[:, :10], before[:, :10])  # nothing outside the tile
+        np.testing.assert_array_equal(big[:, 10 + n :], before[:, 10 + n :])
+
+
+def test_conv_taps_refuses_operands_it_would_read_or_write_out_of_bounds() -> None:
+    from backends.piper import blas
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found")
+    src = np.zeros((4, 50), np.float32)
+    taps = np.zeros((3, 2, 4), np.float32)
+    out = np.zeros((2, 40), np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        blas.conv_taps(out, taps, src, 7, 2)  # 7 + 2 * 2 + 40 > 50
+    with pytest.raises(ValueError, match="outside"):
+        blas.conv_taps(out, taps, src, -1, 1)
+    with pytest.raises(ValueError, match="layout"):
+        blas.conv_taps(out, taps, src.astype(np.float64), 0, 1)
+    with pytest.raises(ValueError, match="layout"):
+        blas.conv_taps(out[:, ::2], taps, src, 0, 1)  # columns not contiguous
+    with pytest.raises(ValueError, match="layout"):
+        blas.conv_taps(out, np.zeros((3, 2, 5), np.float32), src, 0, 1)  # C_in differs
+    with pytest.raises(ValueError, match="overlaps"):
+        buf = np.zeros((4, 100), np.float32)
+        blas.conv_taps(buf[:2, 60:100], taps, buf[:, :50], 0, 1)
+
+
+@pytest.mark.parametrize("frames_bytes", [64, 1 << 21])
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "k", "s", "p", "t"),
+    [(16, 8, 16, 8, 4, 37), (8, 4, 8, 4, 2, 50), (5, 3, 6, 3, 1, 20), (4, 2, 8, 2, 5, 9)],
+)
+def test_piper_polyphase_transposed_conv_matches_its_definition(
+    frames_bytes: int,
+    c_in: int,
+    c_out: int,
+    k: int,
+    s: int,
+    p: int,
+    t: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host.conv_transpose (tiles of frames, phases written as strided views, the cropped
+    samples at both ends left out) = ConvTranspose1d, gaps zeroed in the input first."""
+    from backends.piper import host
+
+    monkeypatch.setattr(host, "FRAMES_BYTES", frames_bytes)  # one frame tile each, or one
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((c_in, t), dtype=np.float32)
+    w = rng.standard_normal((c_in, c_out, k), dtype=np.float32) * 0.3
+    b = rng.standard_normal(c_out, dtype=np.float32)
+    uw = host.prepare_up(w, b, s, p)
+    y = host.conv_transpose(x.copy(), uw)
+    ref = _conv_transpose1d_ref(x[None], w, b, s, p, 0, 1, 1)[0]
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, atol=TOL, rtol=TOL)
+    gapped = x.copy()
+    gapped[:, 3:6] = 0
+    np.testing.assert_allclose(
+        host.conv_transpose(x.copy(), uw, [(3, 6)]),
+        _conv_transpose1d_ref(gapped[None], w, b, s, p, 0, 1, 1)[0],
+        atol=TOL,
+        rtol=TOL,
+    )
+
+
+def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """host's tiles in runs on 2 or 3 cores (backends.parallel) = all of them in order, bit for
+    bit: resblocks, conv_same (residual, accumulation, scale, activation) and the
+    transposed conv, with several tiles each."""
+    from threadpoolctl import threadpool_limits
+
+    from backends import parallel
+    from backends.piper import host
+
+    monkeypatch.setattr(host, "TAPS_TILE", 1024)
+    monkeypatch.setattr(host, "FRAMES_BYTES", 4096)
+    rng = np.random.default_rng(9)
+    c, t = 16, 2000
+    blocks = [
+        tuple(
+            host.prepare(
+                rng.standard_normal((c, c, k), dtype=np.float32) * 0.2,
+                rng.standard_normal(c, dtype=np.float32),
+                d,
+            )
+            for d in dil
+        )
+        for k, dil in ((3, (1, 2)), (5, (2, 6)), (7, (3, 12)))
+    ]
+    cw = host.prepare(rng.standard_normal((c, c, 5), dtype=np.float32) * 0.2, None, 3)
+    uw = host.prepare_up(
+        rng.standard_normal((c, 8, 16), dtype=np.float32) * 0.2,
+        rng.standard_normal(8, dtype=np.float32),
+        8,
+        4,
+    )
+    x = rng.standard_normal((c, t), dtype=np.float32)
+
+    def run() -> list[np.ndarray]:
+        res = np.empty_like(x)
+        host.resblocks(x.copy(), blocks, res, slope=0.1, post_slope=0.01, gaps=[(700, 760)])
+        acc = np.ones_like(x)
+        host.conv_same(
+            x.copy(), cw, acc, slope=0.1, residual=True, add_to=True, scale=0.5, post_slope=0.1
+        )
+        return [res, acc, host.conv_transpose(x[:, :300].copy(), uw)]
+
+    results = []
+    with threadpool_limits(limits=1, user_api="blas"):
+        for n in (1, 2, 3):
+            monkeypatch.setattr(parallel.SHARE, "share", lambda n=n: n)
+            results.append(run())
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert np.array_equal(a, b)
