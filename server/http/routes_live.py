@@ -143,7 +143,8 @@ async def vad_live(websocket: WebSocket) -> None:
         websocket.state.model = spec.id
         request = live_request(st, spec, query)
         feed = Feed()
-        stack, chunks = await admitted(websocket, st, spec, request, busy_timeout(query), feed)
+        await websocket.receive()  # websocket.connect
+        stack, chunks, _ = await admitted(websocket, st, spec, request, busy_timeout(query), feed)
         if chunks is None:  # the client left while queued
             return
         async with stack:
@@ -162,8 +163,11 @@ async def vad_live(websocket: WebSocket) -> None:
     websocket.state.model = spec.id
     feed = Feed()
     try:
-        async with st.runtime.open_stream(spec.id, request, timeout, feed=feed) as chunks:
-            outcome = await Live(websocket, st, spec, request, feed).run(chunks)
+        stack, chunks, early = await admitted(websocket, st, spec, request, timeout, feed)
+        if chunks is None:  # the client left while queued
+            return
+        async with stack:
+            outcome = await Live(websocket, st, spec, request, feed, early).run(chunks)
     except BusyError as exc:
         outcome = Refusal(TRY_AGAIN, exc.error_type, f"{exc.message}; retry later")
     except RuntimeErrorBase as exc:
@@ -178,22 +182,30 @@ async def admitted(
     request: Any,
     timeout: int | None,
     feed: Feed,
-) -> tuple[AsyncExitStack, AsyncIterator[Any] | None]:
-    """Lease the stream before the upgrade (a busy model is a 503 answer to the handshake);
-    a client that leaves while queued leaves the queue at once (None)."""
+) -> tuple[AsyncExitStack, AsyncIterator[Any] | None, list[Message]]:
+    """Lease the stream (raises BusyError and the like: before the upgrade, the handshake's
+    answer). Meanwhile the socket is read: a client that leaves while queued leaves the
+    queue at once (chunks None); after the upgrade (a start message), what it sends while
+    queued is kept, up to :data:`MAX_BACKLOG_S` of audio (then reading waits), for the
+    stream to take first."""
     stack = AsyncExitStack()
     gone = False
     refused: Exception | None = None  # raised outside the task group, which would wrap it
     chunks: AsyncIterator[Any] | None = None
-    await websocket.receive()  # websocket.connect
+    early: list[Message] = []
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
             nonlocal gone
-            # before the accept the listener answers only when the client goes away
-            if (await websocket.receive())["type"] == "websocket.disconnect":
-                gone = True
-                tg.cancel_scope.cancel()
+            size = 0  # before the accept the listener answers only when the client goes away
+            while size <= MAX_BACKLOG_S * SAMPLE_RATE * 2:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    gone = True
+                    tg.cancel_scope.cancel()
+                    return
+                early.append(message)
+                size += len(message.get("bytes") or message.get("text") or "")
 
         tg.start_soon(watch)
         try:
@@ -214,8 +226,8 @@ async def admitted(
     if gone:
         with anyio.CancelScope(shield=True):
             await stack.aclose()
-        return stack, None
-    return stack, chunks
+        return stack, None, early
+    return stack, chunks, early
 
 
 async def start_message(websocket: WebSocket, st: ServerState) -> tuple[ModelSpec, Any, int | None]:
@@ -300,9 +312,16 @@ class Live:
     """One accepted live stream: reader, puller, sender and shutdown watcher (module doc)."""
 
     def __init__(
-        self, websocket: WebSocket, st: ServerState, spec: ModelSpec, request: Any, feed: Feed
+        self,
+        websocket: WebSocket,
+        st: ServerState,
+        spec: ModelSpec,
+        request: Any,
+        feed: Feed,
+        early: list[Message] | None = None,
     ) -> None:
         self.websocket = websocket
+        self.early = list(early or [])  # messages read while the stream was queued
         self.st = st
         self.spec = spec
         self.request = request
@@ -353,7 +372,9 @@ class Live:
         ws = self.websocket
         while True:
             got: Message | None = None
-            if self.feed.closed:
+            if self.early:
+                got = self.early.pop(0)
+            elif self.feed.closed:
                 got = await ws.receive()  # only a disconnect or a stray message now
             else:
                 with anyio.move_on_after(self.idle_s):

@@ -310,6 +310,30 @@ def test_a_busy_model_is_503_before_the_upgrade_and_1013_after(live: LiveServer)
     slots_free(live, "vad1")
 
 
+def test_a_start_message_queued_for_a_slot_keeps_its_audio_or_leaves_the_queue(
+    live: LiveServer,
+) -> None:
+    with open_ws(live, "model=vad1") as holder:
+        live.wait_for("vad1", lambda r: r["active_slots"] == 1, GUARD_S)
+        with open_ws(live, "") as queued, open_ws(live, "") as leaving:
+            leaving.send(json.dumps({"type": "start", "model": "vad1"}))
+            live.wait_for("vad1", lambda r: r["queued_requests"] == 1, GUARD_S)
+            leaving.close_socket()  # gone while queued: out of the queue at once
+            live.wait_for("vad1", lambda r: r["queued_requests"] == 0, GUARD_S)
+            # the whole stream sent while queued: kept, and served once admitted
+            queued.send(json.dumps({"type": "start", "model": "vad1"}))
+            for piece in pieces(pcm("weather")):
+                queued.send(piece)
+            queued.send(json.dumps({"type": "end"}))
+            live.wait_for("vad1", lambda r: r["queued_requests"] == 1, GUARD_S)
+            holder.send(json.dumps({"type": "end"}))
+            assert drain(holder)[1].code == 1000
+            messages, rcvd = drain(queued)
+    assert rcvd.code == 1000, rcvd
+    assert_equal_to_offline(messages, offline(live, "weather"))
+    slots_free(live, "vad1")
+
+
 # ---------------------------------------------------- closed after the upgrade
 @pytest.mark.parametrize(
     ("query", "send", "code", "contains"),
