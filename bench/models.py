@@ -51,32 +51,36 @@ def load(name: str) -> Any:
 
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``ratio`` = our median / this row's median, per (model, input)."""
-    ours = {
-        (r["model"], r["input"]): float(r["median_ms"])
-        for r in rows
-        if str(r["impl"]).startswith("voxpool-")
-    }
+    """Add ``ratio`` = our median / this row's median, per (model, input), and ``cpu_ratio``
+    the same in process CPU time where both rows have ``cpu_ms`` (steadier on a shared
+    machine)."""
+    mine_rows = {(r["model"], r["input"]): r for r in rows if str(r["impl"]).startswith("voxpool-")}
     out = []
     for r in rows:
-        mine = ours.get((r["model"], r["input"]))
-        is_ours = str(r["impl"]).startswith("voxpool-")
-        ratio = None if mine is None or is_ours else mine / float(r["median_ms"])
-        out.append({**r, "ratio": ratio})
+        mine = mine_rows.get((r["model"], r["input"]))
+        if mine is None or str(r["impl"]).startswith("voxpool-"):
+            out.append({**r, "ratio": None, "cpu_ratio": None})
+            continue
+        ratio = float(mine["median_ms"]) / float(r["median_ms"])
+        cpu = None
+        if "cpu_ms" in mine and "cpu_ms" in r and float(r["cpu_ms"]) > 0:
+            cpu = float(mine["cpu_ms"]) / float(r["cpu_ms"])
+        out.append({**r, "ratio": ratio, "cpu_ratio": cpu})
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"| {'model':<15} | {'input':<28} | {'impl':<24} | "
-        f"{'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} |"
+        f"{'median ms':>10} | {'rtf':>8} | {'ours/peer':>9} | {'cpu o/p':>7} |"
     )
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        cpu = "" if r.get("cpu_ratio") is None else f"{r['cpu_ratio']:.2f}"
         lines.append(
             f"| {r['model']:<15} | {str(r['input'])[:28]:<28} | {r['impl']:<24} | "
-            f"{float(r['median_ms']):>10.1f} | {float(r['rtf']):>8.4f} | {ratio:>9} |"
+            f"{float(r['median_ms']):>10.1f} | {float(r['rtf']):>8.4f} | {ratio:>9} | {cpu:>7} |"
         )
     return "\n".join(lines)
 
