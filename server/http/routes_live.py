@@ -59,16 +59,13 @@ it the server reads no more from the socket until the stream catches up."""
 FIELDS = frozenset({"model", "busy_timeout_ms", *VAD_RANGES})
 """What the query string or the start message may name."""
 
-# close codes (RFC 6455 section 7.4.1)
-NORMAL, GOING_AWAY, UNSUPPORTED, POLICY, TOO_BIG, INTERNAL, TRY_AGAIN = (
-    1000,
-    1001,
-    1003,
-    1008,
-    1009,
-    1011,
-    1013,
-)
+# close codes (RFC 6455 section 7.4.1; 1009, a message too long, is the listener's)
+NORMAL = 1000
+GOING_AWAY = 1001  # the server is shutting down
+UNSUPPORTED = 1003  # data of a kind the route cannot take: odd bytes, text that is not JSON
+POLICY = 1008  # any other bad message or option, the idle timeout, the duration limit
+INTERNAL = 1011  # the model failed
+TRY_AGAIN = 1013  # busy
 
 
 class Refusal(Exception):
