@@ -294,10 +294,21 @@ def test_oversized_and_forbidden_frames_are_closed_with_their_codes(backend: str
 
             opcode, payload = await blocking(unmasked)
             assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1002, payload
+            assert json.loads(payload[2:])["type"] == "invalid_request_error"
+
+            def bad_utf8() -> tuple[int, bytes]:
+                with connect(port) as s:
+                    head = upgraded(s, handshake(extra=f"Sec-WebSocket-Key: {KEY}\r\n".encode()))
+                    assert head.startswith(b"HTTP/1.1 101 "), head
+                    s.sendall(frame(0x1, b"\xff\xfe"))
+                    return read_frame(s)
+
+            opcode, payload = await blocking(bad_utf8)
+            assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1007, payload
             with anyio.fail_after(GUARD_S):
-                while len(app.disconnects) < 2:
+                while len(app.disconnects) < 3:
                     await anyio.sleep(0.01)
-            assert sorted(d["code"] for d in app.disconnects) == [1002, 1009]
+            assert sorted(d["code"] for d in app.disconnects) == [1002, 1007, 1009]
 
     run(main, backend)
 
