@@ -85,9 +85,18 @@ def test_noise_is_drawn_from_the_callers_rng() -> None:
     assert a.shape != c.shape or not np.array_equal(a, c)
 
 
-def test_numpy_fast_paths_match_the_generic_backend_code() -> None:
-    """The fused host flow and generator (numpy) against the generic layers (XpBackend)."""
+@pytest.mark.parametrize("taps", [True, False], ids=["per-tap", "im2col"])
+def test_numpy_fast_paths_match_the_generic_backend_code(
+    taps: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused host flow and generator (numpy) against the generic layers (XpBackend):
+    per-tap GEMMs through numpy's BLAS, and the im2col paths used where it is not found."""
+    from backends.piper import blas, host
     from backends.xp_backend import XpBackend
+
+    if taps and not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found")
+    monkeypatch.setattr(host, "USE_TAPS", taps)
 
     assert _model().prepared is not None  # the numpy backend takes the fast paths
     generic = PiperModel(backend=XpBackend(np), weights=_model().weights, config=_model().config)
