@@ -1,18 +1,18 @@
 """Silero VAD as a batched engine (issue #14): many requests, one LSTM forward per step.
 
-Each member owns one row of state: LSTM ``(h, c)`` (``[1, 128]`` each), its framed
-windows (the 64-sample context of every chunk is folded in by framing, as a
-session frames them), the chunks processed so far and, for a stream, its
-:class:`~backends.silero_vad.segments.StreamTrigger`.
+Each member owns a row of the engine's state, indexed by its key: LSTM ``(h, c)``
+(rows of two ``[max_batch, 128]`` matrices), a live member's 64-sample context (a row
+of ``[max_batch, 64]``) and its trigger's state as the vector test below reads it;
+its own bookkeeping (:class:`_Row`) keeps its framed windows not yet processed, the
+chunks processed so far and its :class:`~backends.silero_vad.segments.StreamTrigger`.
 
 A step advances every member by up to :data:`STEP_CHUNKS` 512-sample chunks
 (``model.STREAM_BLOCK`` = 8 chunks, 256 ms of audio, the block a streaming session
-encodes at once): the members' next windows go time-major into one
-:func:`~backends.silero_vad.model.forward` (one encoder pass over every window,
-one LSTM walk of 8 time steps over the members' rows), the code ``Session.batch``
-runs. A member with fewer chunks left is zero-padded at the end of the block; it
-finishes in that step, so its padded steps never feed a kept probability.
-Members of any length join and leave between steps.
+encodes at once) in one forward: the state rows of the step's members are gathered,
+their windows encoded together and walked through the LSTM time-major, each member
+for exactly its own number of windows (its state stops after its last), and the
+rows written back once the forward succeeded. Members of any length join and leave
+between steps; a key's rows are reset when a member joins under it.
 
 * A run member (``stream=False``) emits one chunk when its last chunk is
   processed: the :class:`VadResult` ``Session.run`` returns (segments by
@@ -21,7 +21,6 @@ Members of any length join and leave between steps.
   processed, as ``Session.stream`` yields them on a fresh session: a member
   always starts clean (``continue_stream`` has no earlier stream to continue),
   and with ``final=False`` a trailing partial chunk stays unprocessed.
-
 * A live member (``stream=True`` with a :class:`~core.engine.Feed`) is a stream
   whose audio arrives while it runs (a live client, 32 ms at a time): each step
   takes what its owner pushed since, frames every whole chunk (the partial one
@@ -31,8 +30,26 @@ Members of any length join and leave between steps.
   as ``final=True``. Its chunks equal ``Session.stream`` over the whole audio
   (``final=True``), however the audio was cut into pieces and steps.
 
-Probabilities agree with the unbatched session to float32 rounding (the LSTM's
-products run over ``M`` rows instead of one).
+The common live case (the *quick* members: whole float32 chunks of 512 samples,
+nothing pending or held) costs no Python per window: the step stacks their chunks,
+frames them with their context rows in one pass, and tests their probabilities for
+events all at once (a chunk below the threshold outside speech, or at or above the
+exit threshold in speech without cancelling a tentative end, moves no trigger); only
+the chunks that may move a trigger go through :class:`StreamTrigger`. Every other
+member (a partial piece, a held burst, the close, a request's audio) frames through
+its own row as a session would.
+
+``math`` says how the forward multiplies:
+
+* ``"exact"`` (the default): the session's own :func:`~backends.silero_vad.model.forward`,
+  whose products run row by row, so every member's probabilities are bit-identical to
+  ``Session.run`` / ``Session.stream`` at one BLAS thread, whatever the batch (what
+  ``voxpool validate`` checks);
+* ``"gemm"`` (host weights only): :func:`~backends.silero_vad.model.host_encode` and
+  :func:`~backends.silero_vad.model.host_recur`, one GEMM per layer for all the
+  step's windows: about half the forward's CPU, but OpenBLAS rounds a row differently
+  with the rows around it, so the probabilities agree with the session's to float32
+  rounding (within 1e-5, tested), not bit for bit.
 """
 
 from __future__ import annotations
@@ -43,33 +60,41 @@ from typing import Final
 import attrs
 import numpy as np
 
-from backends.base import Array, ArrayBackend
+from backends.base import ArrayBackend
 from backends.silero_vad import model
 from backends.silero_vad.segments import StreamTrigger, chunk_events, speech_segments
-from backends.silero_vad.types import VadChunk, VadRequest, VadResult, checked_request
+from backends.silero_vad.types import (
+    VadChunk,
+    VadEvent,
+    VadRequest,
+    VadResult,
+    checked_request,
+)
 from backends.silero_vad.weights import SileroWeights
 from core.engine import Emitted, Feed, Member, join_each
 
 STEP_CHUNKS: Final = model.STREAM_BLOCK  # chunks per member per step (8 x 32 ms = 256 ms)
+MATHS: Final = ("exact", "gemm")
+"""How a step's forward multiplies (:class:`SileroVadEngine`'s ``math``)."""
+_NO_WINDOWS: Final = np.zeros((0, model.WINDOW), np.float32)
+_NO_SAMPLES: Final = np.zeros(0, np.float32)
 
 
 @attrs.define(eq=False)
 class _Row:
-    """One member's private state: its windows not yet processed, LSTM state and what it
-    produced so far; a live member also its feed, the samples not yet framed (a partial
-    chunk) and the context of its next window."""
+    """One member's private bookkeeping: its windows not yet processed and what it produced
+    so far; a live member also its feed, the samples not yet framed (a partial chunk) and
+    whether the close was taken. Its LSTM state and context are rows of the engine's
+    matrices (indexed by key)."""
 
     request: VadRequest
     stream: bool
-    windows: np.ndarray  # [chunks, 576]: framed, not yet processed
-    h: Array  # [1, 128]
-    c: Array
     trigger: StreamTrigger
+    windows: np.ndarray = _NO_WINDOWS  # [chunks, 576]: framed, not yet processed
     done: int = 0  # chunks processed
     probs: list[np.ndarray] = attrs.field(factory=list)  # run members: per-step blocks
     feed: Feed | None = None
-    pending: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.float32))
-    context: np.ndarray = attrs.field(factory=lambda: np.zeros(model.CONTEXT, np.float32))
+    pending: np.ndarray = _NO_SAMPLES
     received: int = 0  # live: samples received so far
     closed: bool = False  # live: the feed's close was taken (its last chunk is framed)
 
@@ -87,51 +112,46 @@ class _Row:
     def finished(self) -> bool:
         return not len(self.windows) and (self.feed is None or self.closed)
 
-    def take(self) -> None:
-        """A live member: frame what its owner pushed since the last take (every whole
-        chunk; once the feed is closed, the zero-padded partial chunk too)."""
-        if self.feed is None or self.closed:
-            return
-        pieces, closed = self.feed.take()
-        if not pieces and not closed:
-            return
-        if len(pieces) == 1 and not closed and not len(self.pending):
-            piece = np.asarray(pieces[0], np.float32).reshape(-1)
-            if len(piece) == model.CHUNK:  # a live client's 32 ms: one window, as frame() makes
-                window = np.empty((1, model.WINDOW), np.float32)
-                window[0, : model.CONTEXT] = self.context
-                window[0, model.CONTEXT :] = piece
-                self.context = piece[-model.CONTEXT :].copy()
-                self.windows = (
-                    np.concatenate([self.windows, window]) if len(self.windows) else window
-                )
-                self.received += model.CHUNK
-                return
-        new = [np.asarray(p, np.float32).reshape(-1) for p in pieces]
-        data = np.concatenate([self.pending, *new]) if new else self.pending
-        self.received += sum(len(p) for p in new)
-        self.frame(data, closed)
 
-    def frame(self, data: np.ndarray, closed: bool) -> None:
-        """Append the windows of ``data`` (pending samples first) to the backlog."""
-        framed = model.stream_frames(data, closed, self.context)
-        if len(framed):
-            self.context = framed[-1, -model.CONTEXT :].copy()
-            self.windows = np.concatenate([self.windows, framed]) if len(self.windows) else framed
-        self.pending = data[len(framed) * model.CHUNK :].copy()
-        self.closed = closed
+def _whole_chunks(pieces: Sequence[object]) -> bool:
+    """Whether every piece is one whole chunk as a live client pushes it: float32 [512], at
+    most :data:`STEP_CHUNKS` of them."""
+    if len(pieces) > STEP_CHUNKS:
+        return False
+    for piece in pieces:
+        if not (
+            type(piece) is np.ndarray
+            and piece.shape == (model.CHUNK,)
+            and piece.dtype == np.float32
+        ):
+            return False
+    return True
 
 
 class SileroVadEngine:
     """A :class:`core.engine.BatchEngine` over one factory's shared weights (see module doc)."""
 
-    def __init__(self, backend: ArrayBackend, weights: SileroWeights, max_batch: int) -> None:
+    def __init__(
+        self, backend: ArrayBackend, weights: SileroWeights, max_batch: int, math: str = "exact"
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"silero_vad: max_batch must be at least 1, got {max_batch}")
+        if math not in MATHS:
+            raise ValueError(f"silero_vad: batch_math must be one of {MATHS}, got {math!r}")
         self.backend = backend
         self.weights = weights
+        self.math = math
         self._max_batch = max_batch
         self._rows: dict[int, _Row] = {}
+        self._gemm = math == "gemm" and model.on_host(weights)
+        # per key: LSTM state, a live member's context, its trigger as the vector test sees it
+        self._h = np.zeros((max_batch, model.HIDDEN), np.float32)
+        self._c = np.zeros((max_batch, model.HIDDEN), np.float32)
+        self._context = np.zeros((max_batch, model.CONTEXT), np.float32)
+        self._threshold = np.zeros(max_batch)
+        self._exit = np.zeros(max_batch)
+        self._triggered = np.zeros(max_batch, bool)
+        self._tentative = np.zeros(max_batch, bool)  # a tentative end is set
 
     @property
     def max_batch(self) -> int:
@@ -148,40 +168,54 @@ class SileroVadEngine:
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
         """Up to :data:`STEP_CHUNKS` chunks for every member in ``keys``, in one forward; a
-        live member first takes its new audio, and sits out with no whole chunk to process."""
-        taken: dict[int, BaseException] = {}
-        for key in keys:
-            row = self._rows.get(key)
-            if row is not None and row.feed is not None:
+        live member first takes its new audio, and sits out with no whole chunk to process.
+
+        The common live case, whole 32 ms chunks pushed as such (one, or a few after a
+        late step) and nothing held, is framed, tested for events and emitted with arrays
+        over all such members (``quick``); every other member goes through its own row
+        (``slow``).
+        """
+        rows = self._rows
+        out: list[Emitted | None] = [None] * len(keys)
+        quick: list[int] = []  # positions in keys
+        counts: list[int] = []  # the quick members' chunks, in order
+        pieces: list[np.ndarray] = []
+        slow: list[int] = []
+        for i, key in enumerate(keys):
+            row = rows.get(key)
+            if row is None:
+                out[i] = Emitted(key, error=KeyError(f"silero_vad: no active member {key}"))
+                continue
+            feed = row.feed
+            if feed is not None and not row.closed:
                 try:
-                    row.take()
+                    taken, closed = feed.take()
+                    if (
+                        taken
+                        and not closed
+                        and not len(row.windows)
+                        and not len(row.pending)
+                        and _whole_chunks(taken)
+                    ):
+                        quick.append(i)
+                        counts.append(len(taken))
+                        pieces.extend(taken)
+                        continue
+                    if taken or closed:
+                        self._frame(key, row, taken, closed)
                 except Exception as error:  # this member only
-                    taken[key] = error
-        rows = {
-            k: self._rows[k]
-            for k in keys
-            if k in self._rows and k not in taken and len(self._rows[k].windows)
-        }
-        probs = self._forward(rows)
-        out = []
-        for key in keys:
-            row = self._rows.get(key)
-            live = row is not None and row.feed is not None
-            if key in taken:
-                out.append(Emitted(key, error=taken[key]))
-                continue
-            if row is None or (key not in rows and not live):
-                out.append(Emitted(key, error=KeyError(f"silero_vad: no active member {key}")))
-                continue
-            result = probs.get(key, np.zeros(0, np.float32))
-            if isinstance(result, BaseException):
-                out.append(Emitted(key, error=result))
-                continue
-            try:
-                out.append(self._emit(key, row, list(result)))
-            except Exception as error:  # this member only
-                out.append(Emitted(key, error=error))
-        return out
+                    out[i] = Emitted(key, error=error)
+                    continue
+            if len(row.windows):
+                slow.append(i)
+            elif feed is not None:  # nothing new to process: sits the step out
+                out[i] = Emitted(key, done=row.finished)
+            else:
+                out[i] = Emitted(key, error=KeyError(f"silero_vad: no active member {key}"))
+        if quick or slow:
+            self._advance(keys, out, quick, counts, pieces, slow)
+        assert all(e is not None for e in out)
+        return out  # type: ignore[return-value]
 
     def leave(self, key: int) -> None:
         self._rows.pop(key, None)
@@ -196,109 +230,272 @@ class SileroVadEngine:
         return self._emit(member.key, row, []) if row.finished else Emitted(member.key)
 
     def _admit(self, member: Member) -> _Row:
-        if not 0 <= member.key < self._max_batch or member.key in self._rows:
-            raise ValueError(f"silero_vad: key {member.key} is out of range or in use")
+        key = member.key
+        if not 0 <= key < self._max_batch or key in self._rows:
+            raise ValueError(f"silero_vad: key {key} is out of range or in use")
         request = checked_request(member.request, offline=not member.stream)
+        if member.feed is not None and (not member.stream or request.continue_stream):
+            raise ValueError("silero_vad: a live member is a fresh stream (stream, no continue)")
+        options = request.options
+        self._h[key] = 0.0
+        self._c[key] = 0.0
+        self._context[key] = 0.0
+        self._threshold[key] = options.threshold
+        self._exit[key] = options.exit_threshold
+        self._triggered[key] = self._tentative[key] = False
+        row = _Row(request, member.stream, StreamTrigger(options), feed=member.feed)
         if member.feed is not None:
-            return self._admit_live(member, request)
-        if member.stream:
-            windows = model.stream_frames(
+            # a live member: its request's audio (often none) is the first piece, the feed's
+            # pieces follow at each step
+            row.received = len(request.audio)
+            self._frame(key, row, [], False, request.audio)
+            taken, closed = member.feed.take()
+            if taken or closed:
+                self._frame(key, row, taken, closed)
+            member.feed.hold(bool(len(row.windows)))
+        elif member.stream:
+            row.windows = model.stream_frames(
                 request.audio, request.final, np.zeros(model.CONTEXT, np.float32)
             )
         else:
-            windows = model.frame(request.audio)
-        be = self.backend
-        return _Row(
-            request,
-            member.stream,
-            windows,
-            be.zeros((1, model.HIDDEN)),
-            be.zeros((1, model.HIDDEN)),
-            StreamTrigger(request.options),
-        )
-
-    def _admit_live(self, member: Member, request: VadRequest) -> _Row:
-        """A live member: its request's audio (often none) is the first piece; the feed's
-        pieces follow at each step."""
-        if not member.stream or request.continue_stream:
-            raise ValueError("silero_vad: a live member is a fresh stream (stream, no continue)")
-        be, feed = self.backend, member.feed
-        assert feed is not None
-        row = _Row(
-            request,
-            True,
-            np.zeros((0, model.WINDOW), np.float32),
-            be.zeros((1, model.HIDDEN)),
-            be.zeros((1, model.HIDDEN)),
-            StreamTrigger(request.options),
-            feed=feed,
-            received=len(request.audio),
-        )
-        row.frame(request.audio, False)
-        row.take()
-        feed.hold(bool(len(row.windows)))
+            row.windows = model.frame(request.audio)
         return row
 
-    def _forward(self, rows: dict[int, _Row]) -> dict[int, np.ndarray | BaseException]:
-        """The next block's probabilities per member; a member whose forward fails gets its error.
+    def _frame(
+        self,
+        key: int,
+        row: _Row,
+        taken: Sequence[object],
+        closed: bool,
+        first: np.ndarray = _NO_SAMPLES,
+    ) -> None:
+        """A live member: frame what its owner pushed (every whole chunk; once the feed is
+        closed, the zero-padded partial chunk too) after its pending samples."""
+        new = [np.asarray(p, np.float32).reshape(-1) for p in taken]
+        row.received += sum(len(p) for p in new)
+        data = np.concatenate([row.pending, first, *new])
+        framed = model.stream_frames(data, closed, self._context[key])
+        if len(framed):
+            self._context[key] = framed[-1, -model.CONTEXT :]
+            row.windows = np.concatenate([row.windows, framed]) if len(row.windows) else framed
+        row.pending = data[len(framed) * model.CHUNK :].copy()
+        row.closed = closed
 
-        All members go in one forward; should that fail, each is retried alone so
-        that the failure lands on the member that caused it.
-        """
-        if not rows:
-            return {}
-        try:
-            return dict(zip(rows, self._forward_rows(list(rows.values())), strict=True))
-        except Exception:
-            out: dict[int, np.ndarray | BaseException] = {}
-            for key, row in rows.items():
-                try:
-                    out[key] = self._forward_rows([row])[0]
-                except Exception as error:
-                    out[key] = error
-            return out
-
-    def _forward_rows(self, rows: list[_Row]) -> list[np.ndarray]:
-        """Every row's next block, in one batched forward per block length that must be exact
-        at its end; updates each row's state.
-
-        A block shorter than the longest is zero-padded, and the LSTM walks on over the
-        padding: harmless for a member that ends with that block, not for a live member
-        that goes on. So live rows with a shorter block run in a forward of their own
-        length (in real time every live block is one chunk long: one forward).
-        """
-        longest = max(len(row.windows[:STEP_CHUNKS]) for row in rows)
-        groups: dict[int, list[int]] = {}
-        for j, row in enumerate(rows):
-            length = len(row.windows[:STEP_CHUNKS])
-            groups.setdefault(length if row.feed is not None else longest, []).append(j)
-        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
-        for length in sorted(groups, reverse=True):
-            members = groups[length]
-            forward = self._forward_group([rows[j] for j in members])
-            for j, probs in zip(members, forward, strict=True):
-                out[j] = probs
-        return out
-
-    def _forward_group(self, rows: list[_Row]) -> list[np.ndarray]:
-        """One batched forward of every row's next block; updates each row's state."""
-        be, w = self.backend, self.weights
-        blocks = [row.windows[:STEP_CHUNKS] for row in rows]
-        steps = max(len(b) for b in blocks)
-        h = rows[0].h if len(rows) == 1 else be.concat([row.h for row in rows], 0)
-        c = rows[0].c if len(rows) == 1 else be.concat([row.c for row in rows], 0)
-        windows = be.to_device(model.time_major(blocks, steps))
-        probs, h, c = model.forward(be, w, windows, h, c)
-        host = be.to_host(probs)
-        out = []
-        for j, (row, block) in enumerate(zip(rows, blocks, strict=True)):
-            row.h, row.c = be.slice(h, 0, j, j + 1), be.slice(c, 0, j, j + 1)
-            row.done += len(block)
-            row.windows = row.windows[len(block) :]
+    def _advance(
+        self,
+        keys: Sequence[int],
+        out: list[Emitted | None],
+        quick: list[int],
+        counts: list[int],
+        pieces: list[np.ndarray],
+        slow: list[int],
+    ) -> None:
+        """One forward over the quick members' new chunks and the slow members' next blocks;
+        fills ``out`` at their positions."""
+        rows = self._rows
+        quick_keys = np.array([keys[i] for i in quick], np.intp)
+        windows = self._frame_quick(quick_keys, counts, pieces)
+        blocks = [rows[keys[i]].windows[:STEP_CHUNKS] for i in slow]
+        sizes = [*counts, *(len(b) for b in blocks)]
+        members = [keys[i] for i in (*quick, *slow)]
+        probs, errors = self._forward(members, sizes, len(quick), windows, blocks)
+        if len(quick):
+            self._emit_quick(keys, out, quick, quick_keys, counts, probs, errors)
+        for j, i in enumerate(slow, start=len(quick)):
+            key = keys[i]
+            if j in errors:
+                out[i] = Emitted(key, error=errors[j])
+                continue
+            row = rows[key]
+            row.done += sizes[j]
+            row.windows = row.windows[sizes[j] :]
             if row.feed is not None:
                 row.feed.hold(bool(len(row.windows)))
-            out.append(np.array(host[: len(block), j], dtype=np.float32))
-        return out
+            self._emit_row(key, row, out, i, probs[: sizes[j], j])
+
+    def _frame_quick(
+        self, quick_keys: np.ndarray, counts: list[int], pieces: list[np.ndarray]
+    ) -> np.ndarray:
+        """The quick members' windows [sum(counts), 576], member after member: each chunk
+        after the last 64 samples before it (the member's context for its first)."""
+        chunks = np.array(pieces, np.float32).reshape(-1, model.CHUNK)
+        windows = np.empty((len(chunks), model.WINDOW), np.float32)
+        windows[:, model.CONTEXT :] = chunks
+        if len(chunks) == len(counts):  # one chunk each
+            windows[:, : model.CONTEXT] = self._context[quick_keys]
+            self._context[quick_keys] = chunks[:, -model.CONTEXT :]
+            return windows
+        ends = np.cumsum(counts)
+        windows[1:, : model.CONTEXT] = chunks[:-1, -model.CONTEXT :]
+        windows[ends - counts, : model.CONTEXT] = self._context[quick_keys]
+        self._context[quick_keys] = chunks[ends - 1, -model.CONTEXT :]
+        return windows
+
+    def _emit_quick(
+        self,
+        keys: Sequence[int],
+        out: list[Emitted | None],
+        quick: list[int],
+        quick_keys: np.ndarray,
+        counts: list[int],
+        probs: np.ndarray,
+        errors: dict[int, BaseException],
+    ) -> None:
+        """The quick members' chunks: events only where the trigger may move.
+
+        A chunk changes nothing of a stream's trigger (so has no event) when it is below the
+        threshold outside speech, or, in speech, at or above the exit threshold without
+        cancelling a tentative end: that is tested for every member at once, chunk position
+        after chunk position, and :class:`StreamTrigger` decides every other chunk.
+        """
+        rows = self._rows
+        members = len(quick)
+        steps = max(counts)
+        p = probs[:steps, :members].astype(np.float64)
+        threshold, exit_ = self._threshold[quick_keys], self._exit[quick_keys]
+        triggered, tentative = self._triggered[quick_keys], self._tentative[quick_keys]
+        number = np.asarray(counts)
+        events: dict[tuple[int, int], tuple[VadEvent, ...]] = {}
+        for t in range(steps):
+            above = p[t] >= threshold
+            moves = np.where(triggered, (p[t] < exit_) | (above & tentative), above)
+            if steps > 1:
+                moves &= number > t
+            for j in np.flatnonzero(moves).tolist():
+                if errors and j in errors:
+                    continue
+                key = keys[quick[j]]
+                row = rows[key]
+                index = row.done + t
+                end = (index + 1) * model.CHUNK
+                received = row.received + (t + 1) * model.CHUNK
+                events[j, t] = chunk_events(row.trigger, float(p[t, j]), end, received, False)
+                triggered[j] = self._triggered[key] = row.trigger.triggered
+                tentative[j] = self._tentative[key] = bool(row.trigger.temp_end)
+        column = p[0].tolist()
+        for j, i in enumerate(quick):
+            key = keys[i]
+            if errors and j in errors:
+                out[i] = Emitted(key, error=errors[j])
+                continue
+            row = rows[key]
+            first = row.done
+            n = counts[j]
+            row.done = first + n
+            row.received += n * model.CHUNK
+            if n == 1:
+                chunk = VadChunk(first, first * model.CHUNK, column[j], events.get((j, 0), ()))
+                out[i] = Emitted(key, (chunk,))
+                continue
+            out[i] = Emitted(
+                key,
+                tuple(
+                    VadChunk(
+                        first + t,
+                        (first + t) * model.CHUNK,
+                        float(p[t, j]),
+                        events.get((j, t), ()),
+                    )
+                    for t in range(n)
+                ),
+            )
+
+    def _emit_row(
+        self, key: int, row: _Row, out: list[Emitted | None], i: int, probs: np.ndarray
+    ) -> None:
+        """A slow member's output from its block's probabilities; its trigger's mirror."""
+        try:
+            out[i] = self._emit(key, row, probs.tolist())
+        except Exception as error:  # this member only
+            out[i] = Emitted(key, error=error)
+        self._triggered[key] = row.trigger.triggered
+        self._tentative[key] = bool(row.trigger.temp_end)
+
+    def _forward(
+        self,
+        keys: Sequence[int],
+        sizes: Sequence[int],
+        quick: int,
+        windows: np.ndarray,
+        blocks: Sequence[np.ndarray],
+    ) -> tuple[np.ndarray, dict[int, BaseException]]:
+        """Probabilities [T, B] of every member's next windows (member ``j``'s in its first
+        ``sizes[j]`` rows of column ``j``), and the members whose forward failed, by
+        position; updates the state rows of the others.
+
+        The first ``quick`` members' windows, one after the other in ``windows``, and the
+        slow members' ``blocks`` go in one forward; should that fail, each member is retried
+        alone, so that the failure lands on the member that caused it.
+        """
+        try:
+            return self._run(keys, sizes, [windows, *blocks]), {}
+        except Exception:
+            probs = np.zeros((max(sizes), len(keys)), np.float32)
+            errors: dict[int, BaseException] = {}
+            starts = np.cumsum([0, *sizes[:quick]]).tolist()
+            own = [windows[starts[j] : starts[j + 1]] for j in range(quick)]
+            for j, (key, mine) in enumerate(zip(keys, [*own, *blocks], strict=True)):
+                try:
+                    probs[: sizes[j], j] = self._run([key], [sizes[j]], [mine])[:, 0]
+                except Exception as error:
+                    errors[j] = error
+            return probs, errors
+
+    def _run(
+        self, keys: Sequence[int], sizes: Sequence[int], windows: Sequence[np.ndarray]
+    ) -> np.ndarray:
+        """One forward of the members ``keys``, whose windows are ``windows`` concatenated
+        (``sizes[j]`` for member ``j``) -> probs [T, B]; a member's state row is written
+        only once the forward succeeded, with its state after its own last window."""
+        index = np.asarray(keys, np.intp)
+        h, c = self._h[index], self._c[index]
+        flat = windows[0] if len(windows) == 1 else np.concatenate(windows)
+        if self._gemm:
+            feats = model.host_encode(self.weights, flat)
+            steps = max(sizes)
+            if steps == 1:
+                probs, h, c = model.host_recur(self.weights, feats[None], h, c)
+            else:  # time-major, each member's windows from step 0, the rest zeros
+                counts = np.asarray(sizes, np.intp)
+                member = np.repeat(np.arange(len(keys)), counts)
+                at = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+                timed = np.zeros((steps, len(keys), model.HIDDEN), np.float32)
+                timed[at, member] = feats
+                probs, h, c = model.host_recur(self.weights, timed, h, c, counts)
+        else:
+            probs, h, c = self._run_rows(sizes, flat, h, c)
+        self._h[index] = h
+        self._c[index] = c
+        return probs
+
+    def _run_rows(
+        self, sizes: Sequence[int], windows: np.ndarray, h: np.ndarray, c: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_run` with the session's own :func:`model.forward` (``math="exact"``, and any
+        device backend): one forward per block length (a member's state must stop after its
+        own last window), state rows up to the device and back."""
+        be, w = self.backend, self.weights
+        counts = np.asarray(sizes, np.intp)
+        steps = int(counts.max())
+        if steps == counts.min():  # one forward: every member has the same number of windows
+            timed = windows.reshape(len(counts), steps, model.WINDOW).transpose(1, 0, 2)
+            got, h, c = model.forward(
+                be, w, be.to_device(np.ascontiguousarray(timed)), be.to_device(h), be.to_device(c)
+            )
+            return be.to_host(got), be.to_host(h), be.to_host(c)
+        starts = np.cumsum(counts) - counts
+        probs = np.zeros((steps, len(counts)), np.float32)
+        h_out, c_out = h.copy(), c.copy()
+        for length in sorted(set(sizes), reverse=True):
+            group = np.flatnonzero(counts == length)
+            timed = windows[starts[group][None, :] + np.arange(length)[:, None]]  # [L, G, 576]
+            got, hg, cg = model.forward(
+                be, w, be.to_device(timed), be.to_device(h[group]), be.to_device(c[group])
+            )
+            probs[:length, group] = be.to_host(got)
+            h_out[group] = be.to_host(hg)
+            c_out[group] = be.to_host(cg)
+        return probs, h_out, c_out
 
     def _emit(self, key: int, row: _Row, probs: list[float]) -> Emitted:
         """What ``row`` produced from its latest block's probabilities ``probs``."""

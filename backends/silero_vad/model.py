@@ -183,3 +183,137 @@ def frame(audio: np.ndarray, context: np.ndarray | None = None) -> np.ndarray:
     padded[CONTEXT : CONTEXT + len(audio)] = audio
     heads = padded[: n * CHUNK].reshape(n, CHUNK)[:, :CONTEXT]  # 64 samples before each chunk
     return np.concatenate([heads, padded[CONTEXT:].reshape(n, CHUNK)], axis=1)
+
+
+# ---- host fast path: the batched engine's forward as a few large GEMMs ------------------
+
+HOST_BLOCK: Final = 128
+"""Windows per block of :func:`host_encode` (its im2col buffers stay in the L2 cache)."""
+
+_GATE_SCALE: Final = np.concatenate(
+    [np.full(2 * HIDDEN, 0.5), np.ones(HIDDEN), np.full(HIDDEN, 0.5)]
+).astype(np.float32)
+"""Pre-scale of the LSTM gates for the tanh form of sigmoid: 0.5 for i, f, o and 1 for g."""
+
+
+def on_host(w: SileroWeights) -> bool:
+    """Whether ``w`` lives in host numpy arrays (the :func:`host_encode` path applies)."""
+    return all(isinstance(a, np.ndarray) for a in w.arrays())
+
+
+def host_encode(w: SileroWeights, windows: np.ndarray) -> np.ndarray:
+    """Windows [N, 576] -> LSTM inputs [N, 128], as :func:`encode` computes them.
+
+    Every layer is one GEMM over all the windows of a block (their rows stacked),
+    where :func:`encode` multiplies window by window (and row by row): a batched
+    engine's hundreds of windows cost a few BLAS calls instead of thousands. The
+    results agree with :func:`encode` to float32 rounding (a GEMM sums in another
+    order than a matrix-vector product), not bit for bit, so sessions keep
+    :func:`encode`, whose results never depend on the batch.
+    """
+    n = len(windows)
+    x = np.ascontiguousarray(windows, dtype=np.float32)
+    if n <= HOST_BLOCK:
+        return _host_encode_block(w, x)
+    out = np.empty((n, HIDDEN), np.float32)
+    for lo in range(0, n, HOST_BLOCK):
+        out[lo : lo + HOST_BLOCK] = _host_encode_block(w, x[lo : lo + HOST_BLOCK])
+    return out
+
+
+def _host_encode_block(w: SileroWeights, x: np.ndarray) -> np.ndarray:
+    """:func:`host_encode` of one block of contiguous windows [n, 576]."""
+    n = len(x)
+    item = x.itemsize
+    stft, stft_tail = np.asarray(w.stft), np.asarray(w.stft_tail)
+    # STFT: frames 0-2 read 256 samples from 128 * t, frame 3 the 192-sample tail
+    heads = np.lib.stride_tricks.as_strided(
+        x, (n, _FRAMES - 1, _TAPS), (WINDOW * item, _HOP * item, item), writeable=False
+    )
+    spec = np.matmul(heads.reshape(n * (_FRAMES - 1), _TAPS), stft).reshape(n, _FRAMES - 1, -1)
+    tail = np.matmul(x[:, (_FRAMES - 1) * _HOP :], stft_tail)
+    # magnitudes into the time-padded input of conv1: [n, 1 + 4 + 1, 129]
+    xp = np.zeros((n, _FRAMES + 2, _BINS), np.float32)
+    np.square(spec, out=spec)
+    np.add(spec[:, :, :_BINS], spec[:, :, _BINS:], out=xp[:, 1:_FRAMES])
+    np.square(tail, out=tail)
+    np.add(tail[:, :_BINS], tail[:, _BINS:], out=xp[:, _FRAMES])
+    np.sqrt(xp, out=xp)
+    (w1, b1), (w2, b2), (w3, b3), (w4, b4) = ((np.asarray(a), np.asarray(b)) for a, b in w.convs)
+    # conv1 (k3, s1, 129 -> 128, 4 -> 4 frames): output t reads padded rows t..t+2
+    cols = np.lib.stride_tricks.as_strided(
+        xp, (n, _FRAMES, 3 * _BINS), ((_FRAMES + 2) * _BINS * 4, _BINS * 4, 4), writeable=False
+    ).reshape(n * _FRAMES, 3 * _BINS)
+    c1 = w1.shape[1]
+    y1 = np.zeros((n, _FRAMES + 2, c1), np.float32)  # conv2's time-padded input
+    np.add(np.matmul(cols, w1).reshape(n, _FRAMES, c1), b1, out=y1[:, 1 : _FRAMES + 1])
+    np.maximum(y1, 0, out=y1)
+    # conv2 (k3, s2, 128 -> 64, 4 -> 2 frames): output t reads padded rows 2t..2t+2
+    cols = np.lib.stride_tricks.as_strided(
+        y1, (n, 2, 3 * c1), ((_FRAMES + 2) * c1 * 4, 2 * c1 * 4, 4), writeable=False
+    ).reshape(n * 2, 3 * c1)
+    y2 = np.matmul(cols, w2)
+    y2 += b2
+    np.maximum(y2, 0, out=y2)
+    # conv3 (s2, 2 -> 1 frame) and conv4 (s1, 1 -> 1): tap 0 reads only padding
+    c2 = w2.shape[1]
+    y3 = np.matmul(y2.reshape(n, 2 * c2), w3[c2 : 3 * c2])
+    y3 += b3
+    np.maximum(y3, 0, out=y3)
+    c3 = w3.shape[1]
+    y4: np.ndarray = np.matmul(y3, w4[c3 : 2 * c3])
+    y4 += b4
+    np.maximum(y4, 0, out=y4)
+    return y4
+
+
+def host_recur(
+    w: SileroWeights,
+    feats: np.ndarray,
+    h: np.ndarray,
+    c: np.ndarray,
+    lengths: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Features [T, B, 128] and state (h, c) [B, 128] -> (probs [T, B], h, c), as :func:`recur`.
+
+    One GEMM per time step for all rows. ``lengths`` [B]: row ``j`` has only
+    ``lengths[j]`` real steps; its state stops there (the steps after it are
+    padding, their probabilities meaningless), so rows of any length share one walk.
+    """
+    steps, batch, _ = feats.shape
+    w_ih, w_hh = np.asarray(w.w_ih), np.asarray(w.w_hh)
+    gx = np.matmul(feats.reshape(steps * batch, HIDDEN), w_ih.T).reshape(steps, batch, -1)
+    gx += np.asarray(w.lstm_bias)
+    hs = np.empty((steps, batch, HIDDEN), np.float32)
+    h = np.asarray(h, np.float32)
+    c = np.asarray(c, np.float32)
+    for t in range(steps):
+        z = np.matmul(h, w_hh.T)
+        z += gx[t]
+        z *= _GATE_SCALE
+        np.tanh(z, out=z)
+        gates = z[:, : 2 * HIDDEN]
+        gates *= np.float32(0.5)
+        gates += np.float32(0.5)
+        out_gate = z[:, 3 * HIDDEN :]
+        out_gate *= np.float32(0.5)
+        out_gate += np.float32(0.5)
+        c_new = z[:, HIDDEN : 2 * HIDDEN] * c
+        c_new += z[:, :HIDDEN] * z[:, 2 * HIDDEN : 3 * HIDDEN]
+        h_new = hs[t]
+        np.tanh(c_new, out=h_new)
+        h_new *= out_gate
+        if lengths is not None and t:
+            keep = (lengths <= t)[:, None]
+            h_new = np.where(keep, h, h_new)
+            c_new = np.where(keep, c, c_new)
+        h, c = h_new, c_new
+    h_out, c_out = np.array(h, np.float32), np.array(c, np.float32)  # before the ReLU below
+    np.maximum(hs, 0, out=hs)
+    logits = np.matmul(hs, np.asarray(w.out_w))
+    logits += np.asarray(w.out_b)
+    logits *= np.float32(0.5)
+    np.tanh(logits, out=logits)
+    logits *= np.float32(0.5)
+    logits += np.float32(0.5)
+    return logits, h_out, c_out

@@ -17,7 +17,7 @@ import numpy as np
 from backends.base import Array, ArrayBackend, session_backend
 from backends.identity import HasIdentity, Identity
 from backends.silero_vad import model
-from backends.silero_vad.batched import SileroVadEngine
+from backends.silero_vad.batched import MATHS, SileroVadEngine
 from backends.silero_vad.segments import StreamTrigger, chunk_events, speech_segments
 from backends.silero_vad.types import (
     VadChunk,
@@ -160,12 +160,19 @@ class SileroVadFactory(HasIdentity):
     """A loaded Silero VAD: weights uploaded once, shared by up to 16 sessions."""
 
     def __init__(
-        self, backend: ArrayBackend, weights: SileroWeights, mode: str = "offline"
+        self,
+        backend: ArrayBackend,
+        weights: SileroWeights,
+        mode: str = "offline",
+        batch_math: str = "exact",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"silero_vad: unknown mode {mode!r}; expected one of {MODES}")
+        if batch_math not in MATHS:
+            raise ValueError(f"silero_vad: batch_math must be one of {MATHS}, got {batch_math!r}")
         self.backend = backend
         self.weights = weights
+        self.batch_math = batch_math
         self.identity = Identity(FAMILY, TASK, mode, INTERFACES)
 
     def capacity(self) -> int:
@@ -175,8 +182,11 @@ class SileroVadFactory(HasIdentity):
         return SileroVadSession(session_backend(self.backend), self.weights, self.mode)
 
     def engine(self, max_batch: int) -> SileroVadEngine:
-        """A batched executor: up to ``max_batch`` requests advance in one LSTM forward per step."""
-        return SileroVadEngine(session_backend(self.backend), self.weights, max_batch)
+        """A batched executor: up to ``max_batch`` requests advance in one LSTM forward per step
+        (its products as ``batch_math`` says: see :mod:`backends.silero_vad.batched`)."""
+        return SileroVadEngine(
+            session_backend(self.backend), self.weights, max_batch, self.batch_math
+        )
 
     def clone(self, primary: object) -> SileroVadSession:
         if not isinstance(primary, SileroVadSession) or primary.weights is not self.weights:
