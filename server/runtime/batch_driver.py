@@ -100,9 +100,13 @@ class BatchDriver:
         self.live_window = live_window
         self._requests: dict[SlotHandle, Member] = {}
         self._errors: dict[SlotHandle, BaseException] = {}
-        self._in_engine: set[SlotHandle] = set()
+        # by slot (one holder at a time: a slot is reused only after its owner released it):
+        # the epoch of the member the engine holds there (-1: none), a live member's feed,
+        # the event its owner waits on for its next chunk
+        self._in_engine: list[int] = [-1] * engine.max_batch
+        self._feeds: list[Feed | None] = [None] * engine.max_batch
+        self._signals: list[anyio.Event | None] = [None] * engine.max_batch
         self._progress = anyio.Event()
-        self._signals: dict[SlotHandle, anyio.Event] = {}
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
         self._scope: anyio.CancelScope | None = None
@@ -146,6 +150,7 @@ class BatchDriver:
             raise BatchMemberFailed(launched.message)
         handle = launched.handle
         self._requests[handle] = Member(handle.slot, request, stream, feed)
+        self._feeds[handle.slot] = feed
         self._wake.set()
         try:
             yield self._chunks(handle)
@@ -166,7 +171,10 @@ class BatchDriver:
                 waited = False
                 yield got.data
             elif isinstance(got, NotReady):
-                await self._signals.setdefault(handle, anyio.Event()).wait()
+                signal = self._signals[handle.slot]
+                if signal is None:
+                    signal = self._signals[handle.slot] = anyio.Event()
+                await signal.wait()
                 waited = True
             elif isinstance(got, EndOfStream):
                 return
@@ -187,11 +195,12 @@ class BatchDriver:
             self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
-        self._signals.pop(handle, None)
+        self._feeds[handle.slot] = None
+        self._signals[handle.slot] = None
 
     def _live(self, handle: SlotHandle) -> bool:
         """Whether the member may still decode: the engine holds it, or it has not finished."""
-        if handle in self._in_engine:
+        if self._in_engine[handle.slot] == handle.epoch:
             return True
         if self.scheduler.handle_of(handle.slot) != handle:
             return False
@@ -260,11 +269,11 @@ class BatchDriver:
             self.scheduler.tail_done(finish.handle)
         if plan.join:
             joiners = [self._requests[h] for h in plan.join]
-            self._in_engine.update(plan.join)
+            for handle in plan.join:
+                self._in_engine[handle.slot] = handle.epoch
             emitted = await self._engine_call(plan.join, self.calls.join, joiners)
             await self._deliver(plan.join, emitted)
-        active = tuple(h for h in plan.advance if self._active(h))
-        ready = tuple(h for h in active if self._ready(h))
+        active, ready = self._advancing(plan)
         if active and not (ready or plan.join or plan.finish):
             return False
         self._record(plan, ready)
@@ -281,17 +290,36 @@ class BatchDriver:
         together. Cancellation (the driver stopping) may land here: nothing was done yet."""
         if plan.join or plan.finish or self.live_window <= 0:
             return
-        active = [h for h in plan.advance if self._active(h)]
-        live = [h for h in active if self._requests[h].feed is not None]
-        if not live or not any(self._ready(h) for h in active):
-            return
-        if not all(self._ready(h) for h in live):
-            await self.clock.sleep_until(self.clock.now() + self.live_window)
+        in_engine, feeds, state = self._in_engine, self._feeds, self.scheduler.state
+        some_ready = some_waiting = False
+        for handle in plan.advance:  # stops at the first of each kind: both are usually early
+            slot = handle.slot
+            if in_engine[slot] != handle.epoch or state(slot) is not SlotState.ACTIVE:
+                continue
+            feed = feeds[slot]
+            if feed is None or feed.ready:
+                some_ready = True
+            else:
+                some_waiting = True
+            if some_ready and some_waiting:
+                await self.clock.sleep_until(self.clock.now() + self.live_window)
+                return
 
-    def _ready(self, handle: SlotHandle) -> bool:
-        """Whether an active member can advance now: not live, or its feed has input."""
-        feed = self._requests[handle].feed
-        return feed is None or feed.ready
+    def _advancing(self, plan: StepPlan) -> tuple[bool, tuple[SlotHandle, ...]]:
+        """Whether any of the plan's members is still active (in the engine, not stopped), and
+        those that can advance now: not live, or with input in their feed."""
+        in_engine, feeds, state = self._in_engine, self._feeds, self.scheduler.state
+        active = False
+        ready = []
+        for handle in plan.advance:
+            slot = handle.slot
+            if in_engine[slot] != handle.epoch or state(slot) is not SlotState.ACTIVE:
+                continue
+            active = True
+            feed = feeds[slot]
+            if feed is None or feed.ready:
+                ready.append(handle)
+        return active, tuple(ready)
 
     def _poke(self) -> None:
         """A live member's owner pushed input (or closed its feed): wake the decode task."""
@@ -310,9 +338,6 @@ class BatchDriver:
         summary = " ".join(f"{key}={value}" for key, value in fields.items())
         record = TraceRecord(0, self.clock.now(), self.model, "batch_step", {}, summary, "", fields)
         self.trace(record)
-
-    def _active(self, handle: SlotHandle) -> bool:
-        return handle in self._in_engine and self.scheduler.state(handle.slot) is SlotState.ACTIVE
 
     async def _engine_call(
         self, handles: Sequence[SlotHandle], call: Callable[..., Any], arg: Any
@@ -350,14 +375,17 @@ class BatchDriver:
             await self.calls.leave(self.engine, handle.slot)
         except Exception:
             log.exception("leaving the batch of '%s' failed", self.model)
-        self._in_engine.discard(handle)
+        if self._in_engine[handle.slot] == handle.epoch:
+            self._in_engine[handle.slot] = -1
 
     def _notify(self, handles: Sequence[SlotHandle]) -> None:
         """Wake the owners of ``handles`` (their members produced, ended or failed) and
         whoever waits for any step (owners waiting for their member to leave)."""
+        signals = self._signals
         for handle in handles:
-            signal = self._signals.pop(handle, None)
+            signal = signals[handle.slot]
             if signal is not None:
+                signals[handle.slot] = None
                 signal.set()
         self._progress.set()
         self._progress = anyio.Event()
