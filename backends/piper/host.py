@@ -30,7 +30,8 @@ backends run the generic code in :mod:`backends.piper.generator`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -170,7 +171,7 @@ def conv_same(
     tile = _tile_columns(t, max(c_in, cw.c_out))
     s = None if scale is None else np.float32(scale)
 
-    def piece(run: range) -> None:
+    def piece(run: Iterator[int]) -> None:
         pad = cw.padding
         act = np.empty((c_in, min(tile, t) + 2 * pad), np.float32)
         tmp = np.empty((cw.c_out, min(tile, t)), np.float32)
@@ -226,20 +227,41 @@ def resblocks(
     c, t = x.shape
     tile = _tile_columns(t, c)
 
-    def piece(run: range) -> None:
+    def piece(run: Iterator[int]) -> None:
         _resblock_tiles(x, blocks, out, slope, post_slope, gaps, tile, run)
 
     split(piece, range(0, t, tile))
 
 
-def split(piece: Callable[[range], None], starts: range) -> None:
-    """``piece(run)`` for ``starts`` (tile starts) cut into the caller's share of the cores
-    (:mod:`backends.parallel`) in contiguous runs, each run on its own core with one BLAS
-    thread. A tile computes the same bits whichever run it is in, so the result does not
-    depend on the share."""
+def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
+    """The tiles at ``starts`` on the caller's share of the cores (:mod:`backends.parallel`),
+    each core with one BLAS thread: ``piece(tiles)`` runs once per core (allocating its
+    buffers once) and takes tile after tile from one shared queue until none is left,
+    so a core that another job holds up takes fewer tiles instead of holding up the
+    others (OpenBLAS's threads split a product statically and wait for the slowest).
+    A tile computes the same bits whichever core takes it: the result does not depend
+    on the share or on the order."""
     n = max(1, min(parallel.SHARE.share(), len(starts)))
-    cut = [len(starts) * i // n for i in range(n + 1)]
-    parallel.run_pieces(piece, [starts[cut[i] : cut[i + 1]] for i in range(n)])
+    if n == 1:
+        piece(iter(starts))
+        return
+    queue = _Tiles(starts)
+    parallel.run_pieces(piece, [queue] * n)
+
+
+class _Tiles:
+    """Tile starts handed out one at a time to several threads."""
+
+    def __init__(self, starts: range) -> None:
+        self._it = iter(starts)
+        self._lock = threading.Lock()
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        with self._lock:
+            return next(self._it)
 
 
 def _resblock_tiles(
@@ -250,7 +272,7 @@ def _resblock_tiles(
     post_slope: float,
     gaps: Gaps,
     tile: int,
-    starts: range,
+    starts: Iterator[int],
 ) -> None:
     """:func:`resblocks` over the output tiles starting at ``starts``, with its own buffers."""
     c, t = x.shape
@@ -513,7 +535,7 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     out = np.empty((c_out, t_out), np.float32)
     per = max(16, FRAMES_BYTES // (4 * uw.matrix.shape[0]))
 
-    def piece(run: range) -> None:
+    def piece(run: Iterator[int]) -> None:
         acc = np.empty((c_out, per, u), np.float32)
         for f0 in run:
             f1 = min(frames, f0 + per)
