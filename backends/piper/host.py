@@ -118,14 +118,26 @@ would suggest (1 MB a buffer): each tap's GEMM has only ``C_in`` (32 to 128) ter
 longer rows amortize a call's fixed cost. Paragraph, one thread, HiFi-GAN CPU ms
 (alternating): 2**15 685, 2**16 625, 2**17 581-587, 2**18 573, 2**19 571, 2**20 595."""
 
+MIN_TILE = 256
+"""Fewest columns of a per-tap tile on one core (short inputs are one tile)."""
+
+MIN_SPLIT_TILE = 64
+"""Fewest columns of a per-tap tile when the caller has several cores. The flow at 255
+frames (wall ms, its convs one tile against four of 64): one thread 75 against 90; two
+threads on a loaded machine, 270 (OpenBLAS's threads) against 99 (tiles on the cores)."""
+
 SPLIT_TILES = 4
 """A conv is cut into at least this many tiles (of 256 columns at least), whatever the
 share, so that two to four cores get even runs and tiles never depend on the share."""
 
 
 def _tile_columns(t: int, channels: int) -> int:
-    """Columns of one tile of the per-tap paths over ``t`` columns of ``channels`` rows."""
-    return max(256, min(t, TAPS_TILE // channels, -(-t // SPLIT_TILES)))
+    """Columns of one tile of the per-tap paths over ``t`` columns of ``channels`` rows: at
+    least :data:`MIN_TILE` on one core; when the caller has several, down to
+    :data:`MIN_SPLIT_TILE` so that a short wide conv (the flow's, 255 frames at 384
+    channels) is split too rather than left to OpenBLAS's threads."""
+    floor = MIN_TILE if parallel.SHARE.share() <= 1 else MIN_SPLIT_TILE
+    return max(floor, min(t, TAPS_TILE // channels, -(-t // SPLIT_TILES)))
 
 
 USE_TAPS = True

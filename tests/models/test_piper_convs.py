@@ -175,6 +175,7 @@ def _use_path(path: str, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # many tiles (halos at both ends), or one
     monkeypatch.setattr(host, "TILE_BYTES", 1024 if small else 1 << 22)
     monkeypatch.setattr(host, "TAPS_TILE", 256 if small else 1 << 22)
+    monkeypatch.setattr(host, "MIN_TILE", 64 if small else 256)
 
 
 @pytest.mark.parametrize("path", ["taps", "im2col"])
@@ -346,15 +347,17 @@ def test_piper_polyphase_transposed_conv_matches_its_definition(
 def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """host's tiles in runs on 2 or 3 cores (backends.parallel) = all of them in order, bit for
-    bit: resblocks, conv_same (residual, accumulation, scale, activation) and the
-    transposed conv, with several tiles each."""
+    """host's tiles on 2 or 3 cores (backends.parallel) = all of them in order, bit for bit:
+    resblocks, conv_same (residual, accumulation, scale, activation) and the transposed
+    conv, with several tiles each (the same tiles at every share here; a short conv cut
+    finer for several cores, MIN_SPLIT_TILE, is within the thread-count tolerance)."""
     from threadpoolctl import threadpool_limits
 
     from backends import parallel
     from backends.piper import host
 
     monkeypatch.setattr(host, "TAPS_TILE", 1024)
+    monkeypatch.setattr(host, "MIN_SPLIT_TILE", host.MIN_TILE)
     monkeypatch.setattr(host, "FRAMES_BYTES", 4096)
     rng = np.random.default_rng(9)
     c, t = 16, 2000
