@@ -25,8 +25,15 @@ process's CPU time per chunk (every thread: ours includes the event loop and the
 feeder), ``engine us/chunk`` our engine steps' own (worker thread clocks): CPU
 clocks, which other processes' load does not inflate as it does wall times.
 
+The rows alternate, onnxruntime's i-th batch size then our i-th stream count, so both see
+the same machine; ``load`` is the 1-minute load average when the row started.
+
 Run: ``.venv/bin/python bench/vad_streams.py --streams 100,400,800,1100 --seconds 8``
-(``--ort 100,400,800,1100,1400`` for the onnxruntime rows).
+(``--ort 100,400,800,1100,1400`` for the onnxruntime rows; ``--ours-threads 1`` runs our
+runtime on one core's worth of BLAS threads while onnxruntime keeps ``--threads``;
+``--math exact,gemm`` runs our engine both ways; ``--loop asyncio`` on asyncio instead of
+trio, the server's event loop; ``--engine 150,600,1100`` first measures the engine alone,
+no runtime: that many live members stepped with one new chunk each, its CPU per chunk).
 """
 
 from __future__ import annotations
@@ -92,8 +99,12 @@ class _TimedProvider(ThreadedProvider):
         return emitted
 
 
-def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
-    """``streams`` live 32 ms streams for ``seconds`` through the runtime; one table row."""
+def run_streams(
+    streams: int, seconds: float, threads: int, loop: str = "trio", math: str = "exact"
+) -> dict[str, Any]:
+    """``streams`` live 32 ms streams for ``seconds`` through the runtime on the event loop
+    ``loop`` ("trio", the server's, or "asyncio"), the engine's products as ``math`` says
+    (the ``batch_math`` load option); one table row."""
     import anyio
 
     from backends.silero_vad import VadRequest
@@ -106,11 +117,16 @@ def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
     offsets = [(i * 7919) % (len(audio) - ticks * CHUNK) for i in range(streams)]
     phases = [PERIOD * i / streams for i in range(streams)]
     latencies: list[float] = []
+    load = round(os.getloadavg()[0], 2)
 
     async def main() -> dict[str, Any]:
         provider = _TimedProvider(threads=AdaptiveThreads(threads))
         rt = Runtime(provider, RuntimeConfig(busy_timeout_ms=0))
-        rt.add_model(ModelSpec(MODEL, "silero_vad", task="vad", slots=streams, batching=True))
+        options = {"batch_math": math}
+        spec = ModelSpec(
+            MODEL, "silero_vad", task="vad", slots=streams, batching=True, load_options=options
+        )
+        rt.add_model(spec)
         feeds = [Feed() for _ in range(streams)]
         due: list[float] = [0.0] * streams  # when each stream's first chunk is due
         async with rt:
@@ -121,7 +137,7 @@ def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
                 request = VadRequest(np.zeros(0, np.float32))
                 async with rt.open_stream(MODEL, request, feed=feeds[i]) as chunks:
                     async for chunk in chunks:
-                        now = time.monotonic()  # the loop's clock, without anyio's lookup
+                        now = time.monotonic()  # the feeder's clock
                         scheduled = due[i] + chunk.index * PERIOD
                         if chunk.index * PERIOD >= WARMUP_S and chunk.index < ticks:
                             latencies.append(now - scheduled)
@@ -133,8 +149,9 @@ def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
                 for k in range(ticks):
                     for i in order:
                         at = due[i] + k * PERIOD
-                        if time.monotonic() < at:
-                            await anyio.sleep_until(at)
+                        ahead = at - time.monotonic()  # trio's own clock has an offset
+                        if ahead > 0:
+                            await anyio.sleep(ahead)
                         lo = offsets[i] + k * CHUNK
                         feeds[i].push(audio[lo : lo + CHUNK])
                 for feed in feeds:
@@ -147,14 +164,15 @@ def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
                     await anyio.sleep(0.01)
                 steps0, cpu0, wall0 = driver.steps, time.process_time(), time.perf_counter()
                 engine0 = provider.engine_cpu
-                await feed_all(anyio.current_time() + 0.05)
+                await feed_all(time.monotonic() + 0.05)
             steps = driver.steps - steps0
             cpu = time.process_time() - cpu0
             engine_cpu = provider.engine_cpu - engine0
             wall = time.perf_counter() - wall0
         p50, p99, worst = _percentiles(latencies)
         return {
-            "impl": f"voxpool runtime, batched ({threads} BLAS threads)",
+            "impl": f"voxpool runtime, {math}, {loop} (threads {threads})",
+            "load": load,
             "streams": streams,
             "chunks timed": len(latencies),
             "p50 ms": round(p50, 1),
@@ -168,7 +186,53 @@ def run_streams(streams: int, seconds: float, threads: int) -> dict[str, Any]:
             "sustained": "yes" if p99 < PERIOD * 1e3 else "no",
         }
 
-    return anyio.run(main)
+    result: dict[str, Any] = anyio.run(main, backend=loop)
+    return result
+
+
+def run_engine(members: int, threads: int, math: str, steps: int = 30) -> dict[str, Any]:
+    """The engine alone: ``members`` live members pushing one 32 ms chunk each per step,
+    ``steps`` steps (after 3 of warm-up) with ``threads`` BLAS threads; its CPU per chunk
+    (the stepping thread's clock, and the process's, which BLAS threads add to)."""
+    from threadpoolctl import threadpool_limits
+
+    from backends.silero_vad import VadRequest, load_factory
+    from core.engine import Feed, Member
+
+    audio = _audio(steps * PERIOD + 1)
+    load = round(os.getloadavg()[0], 2)
+    with threadpool_limits(threads, user_api="blas"):
+        engine = load_factory(batch_math=math).engine(members)
+        feeds = [Feed() for _ in range(members)]
+        empty = VadRequest(np.zeros(0, np.float32))
+        engine.join([Member(k, empty, True, feeds[k]) for k in range(members)])
+        keys = list(range(members))
+        offsets = [(k * 7919) % (len(audio) - (steps + 4) * CHUNK) for k in range(members)]
+        own = cpu = 0.0
+        for s in range(steps + 3):
+            for k in keys:
+                lo = offsets[k] + s * CHUNK
+                feeds[k].push(audio[lo : lo + CHUNK])
+            t, c = time.thread_time(), time.process_time()
+            engine.step(keys)
+            if s >= 3:
+                own += time.thread_time() - t
+                cpu += time.process_time() - c
+    return {
+        "impl": f"engine alone, {math} (BLAS threads {threads})",
+        "load": load,
+        "streams": members,
+        "chunks timed": members * steps,
+        "p50 ms": "",
+        "p99 ms": "",
+        "max ms": "",
+        "steps/s": "",
+        "chunks/step": members,
+        "CPU": "",
+        "CPU us/chunk": round(1e6 * cpu / (members * steps)),
+        "engine us/chunk": round(1e6 * own / (members * steps)),
+        "sustained": "",
+    }
 
 
 def run_ort(batch: int, threads: int, runs: int = 100) -> dict[str, Any]:
@@ -190,6 +254,7 @@ def run_ort(batch: int, threads: int, runs: int = 100) -> dict[str, Any]:
     offsets = (np.arange(batch) * 7919) % (len(audio) - (runs + 6) * CHUNK)
     times = []
     cpu = 0.0
+    load = round(os.getloadavg()[0], 2)
     for k in range(runs + 5):
         chunk = np.stack([audio[o + k * CHUNK : o + (k + 1) * CHUNK] for o in offsets])
         window = np.concatenate([context, chunk], axis=1)
@@ -202,6 +267,7 @@ def run_ort(batch: int, threads: int, runs: int = 100) -> dict[str, Any]:
     p50, p99, worst = _percentiles(times)
     return {
         "impl": f"onnxruntime batched run ({threads} threads)",
+        "load": load,
         "streams": batch,
         "chunks timed": batch * runs,
         "p50 ms": round(p50, 1),
@@ -224,15 +290,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=2, help="cores: onnxruntime's and our BLAS threads"
     )
+    parser.add_argument(
+        "--ours-threads", type=int, default=0, help="our runtime's cores (default: --threads)"
+    )
+    parser.add_argument(
+        "--loop", default="trio", choices=("trio", "asyncio"), help="our event loop (server: trio)"
+    )
+    parser.add_argument(
+        "--math", default="exact", help="our engine's batch_math: exact, gemm or both (exact,gemm)"
+    )
+    parser.add_argument(
+        "--engine", default="", help="member counts for the engine alone (before the rest)"
+    )
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
+    ort_sizes = [int(x) for x in args.ort.split(",") if x]
+    stream_counts = [int(x) for x in args.streams.split(",") if x]
+    ours = args.ours_threads or args.threads
     rows = []
-    for n in (int(x) for x in args.ort.split(",") if x):
-        rows.append(run_ort(n, args.threads))
-        print(rows[-1], flush=True)
-    for n in (int(x) for x in args.streams.split(",") if x):
-        rows.append(run_streams(n, args.seconds, args.threads))
-        print(rows[-1], flush=True)
+    for n in (int(x) for x in args.engine.split(",") if x):
+        for products in args.math.split(","):
+            rows.append(run_engine(n, ours, products))
+            print(rows[-1], flush=True)
+    for i in range(max(len(ort_sizes), len(stream_counts))):  # alternating: the same machine
+        if i < len(ort_sizes):
+            rows.append(run_ort(ort_sizes[i], args.threads))
+            print(rows[-1], flush=True)
+        for products in args.math.split(",") if i < len(stream_counts) else ():
+            rows.append(run_streams(stream_counts[i], args.seconds, ours, args.loop, products))
+            print(rows[-1], flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     print(markdown_table(rows))
     return 0

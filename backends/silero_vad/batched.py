@@ -318,7 +318,7 @@ class SileroVadEngine:
     ) -> np.ndarray:
         """The quick members' windows [sum(counts), 576], member after member: each chunk
         after the last 64 samples before it (the member's context for its first)."""
-        chunks = np.array(pieces, np.float32).reshape(-1, model.CHUNK)
+        chunks = np.concatenate(pieces).reshape(-1, model.CHUNK)  # float32 [512] each
         windows = np.empty((len(chunks), model.WINDOW), np.float32)
         windows[:, model.CONTEXT :] = chunks
         if len(chunks) == len(counts):  # one chunk each
