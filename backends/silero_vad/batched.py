@@ -318,6 +318,8 @@ class SileroVadEngine:
     ) -> np.ndarray:
         """The quick members' windows [sum(counts), 576], member after member: each chunk
         after the last 64 samples before it (the member's context for its first)."""
+        if not pieces:
+            return np.zeros((0, model.WINDOW), np.float32)
         chunks = np.concatenate(pieces).reshape(-1, model.CHUNK)  # float32 [512] each
         windows = np.empty((len(chunks), model.WINDOW), np.float32)
         windows[:, model.CONTEXT :] = chunks
