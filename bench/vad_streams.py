@@ -33,7 +33,8 @@ Run: ``.venv/bin/python bench/vad_streams.py --streams 100,400,800,1100 --second
 runtime on one core's worth of BLAS threads while onnxruntime keeps ``--threads``;
 ``--math exact,gemm`` runs our engine both ways; ``--loop asyncio`` on asyncio instead of
 trio, the server's event loop; ``--engine 150,600,1100`` first measures the engine alone,
-no runtime: that many live members stepped with one new chunk each, its CPU per chunk).
+no runtime: that many live members stepped with one new chunk each, its CPU per chunk;
+``--zero-forward`` replaces our forward by zeros, leaving the runtime's own cost).
 """
 
 from __future__ import annotations
@@ -100,11 +101,17 @@ class _TimedProvider(ThreadedProvider):
 
 
 def run_streams(
-    streams: int, seconds: float, threads: int, loop: str = "trio", math: str = "exact"
+    streams: int,
+    seconds: float,
+    threads: int,
+    loop: str = "trio",
+    math: str = "exact",
+    zero_forward: bool = False,
 ) -> dict[str, Any]:
     """``streams`` live 32 ms streams for ``seconds`` through the runtime on the event loop
     ``loop`` ("trio", the server's, or "asyncio"), the engine's products as ``math`` says
-    (the ``batch_math`` load option); one table row."""
+    (the ``batch_math`` load option); one table row. ``zero_forward``: the engine's forward
+    answers zeros at no cost (what is left is the runtime's and the engine's bookkeeping)."""
     import anyio
 
     from backends.silero_vad import VadRequest
@@ -132,6 +139,12 @@ def run_streams(
         async with rt:
             await rt.load_model(MODEL)
             driver = rt.drivers[MODEL]
+            if zero_forward:
+
+                def zeros(keys: Sequence[int], sizes: Sequence[int], _: Any) -> np.ndarray:
+                    return np.zeros((max(sizes), len(keys)), np.float32)
+
+                driver.engine._run = zeros  # type: ignore[attr-defined]
 
             async def own(i: int) -> None:
                 request = VadRequest(np.zeros(0, np.float32))
@@ -171,7 +184,8 @@ def run_streams(
             wall = time.perf_counter() - wall0
         p50, p99, worst = _percentiles(latencies)
         return {
-            "impl": f"voxpool runtime, {math}, {loop} (threads {threads})",
+            "impl": f"voxpool runtime, {'zero forward' if zero_forward else math}, {loop}"
+            f" (threads {threads})",
             "load": load,
             "streams": streams,
             "chunks timed": len(latencies),
@@ -302,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine", default="", help="member counts for the engine alone (before the rest)"
     )
+    parser.add_argument(
+        "--zero-forward", action="store_true", help="our forward answers zeros at no cost"
+    )
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
     ort_sizes = [int(x) for x in args.ort.split(",") if x]
@@ -317,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_ort(ort_sizes[i], args.threads))
             print(rows[-1], flush=True)
         for products in args.math.split(",") if i < len(stream_counts) else ():
-            rows.append(run_streams(stream_counts[i], args.seconds, ours, args.loop, products))
+            row = run_streams(
+                stream_counts[i], args.seconds, ours, args.loop, products, args.zero_forward
+            )
+            rows.append(row)
             print(rows[-1], flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     print(markdown_table(rows))
