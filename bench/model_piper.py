@@ -33,6 +33,8 @@ from bench.common import array_backend as _array_backend  # noqa: E402
 from bench.common import blas_threads  # noqa: E402
 
 MODEL = "piper"
+PAUSE_S = 0.2
+"""Idle time before each timed run (see :func:`_interleaved`)."""
 TEXTS = {
     "short (1 sentence)": "Hello world, this is a test.",
     "medium (1 sentence)": (
@@ -49,12 +51,15 @@ def _interleaved(
     fns: tuple[Callable[[], float], Callable[[], float]], repeats: int
 ) -> list[tuple[float, float, float]]:
     """Per function: (median wall s, median CPU s, audio s). Runs alternate A, B, A, B...
-    so both sides see the same machine load; one warm-up run each first."""
+    so both sides see the same machine load; one warm-up run each first. Each run starts
+    after a pause of :data:`PAUSE_S` (not timed): onnxruntime's pool threads spin after a
+    run, and a run started at once found its second core taken by them."""
     walls: list[list[float]] = [[], []]
     cpus: list[list[float]] = [[], []]
     audio = [fn() for fn in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
+            time.sleep(PAUSE_S)
             t0, c0 = time.perf_counter(), time.process_time()
             audio[i] = fn()
             walls[i].append(time.perf_counter() - t0)
