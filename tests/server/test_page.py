@@ -19,6 +19,7 @@ from Chromium's fake microphone and see the server's answer on the page.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import os
@@ -127,20 +128,27 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatedServe
 
 @pytest.fixture(scope="module")
 def browser(page_server: GatedServer) -> Iterator[Any]:
-    chromium, driver_path = browser_or_skip()
+    with chromium(page_server.url + "/") as driver:
+        wait_until("the page to list the models", lambda: len(models_shown(driver)) == 3)
+        yield driver
+
+
+@contextlib.contextmanager
+def chromium(url: str) -> Iterator[Any]:
+    """A headless Chromium (fake microphone, own profile) with ``url`` open; quit after."""
+    binary, driver_path = browser_or_skip()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    options.binary_location = chromium
+    options.binary_location = binary
     profile = tempfile.mkdtemp(prefix="voxpool-chromium-")
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(driver_path))
     try:
         driver.set_script_timeout(HANG_GUARD_S)
-        driver.get(page_server.url + "/")
-        wait_until("the page to list the models", lambda: len(models_shown(driver)) == 3)
+        driver.get(url)
         yield driver
     finally:
         driver.quit()

@@ -11,8 +11,6 @@ fails under ``CI=true``).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import pytest
 
 from tests.server.gated import HANG_GUARD_S, wait_until
 from tests.server.live import LiveServer
-from tests.server.test_page import CHROMIUM_FLAGS, browser_or_skip, js, status, wait_done
+from tests.server.test_page import browser_or_skip, chromium, js, status, wait_done
 
 CONFIG = {
     "models": [
@@ -45,23 +43,8 @@ def server(server_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def browser(server: LiveServer) -> Iterator[Any]:
-    chromium, driver_path = browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    profile = tempfile.mkdtemp(prefix="voxpool-chromium-")
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(driver_path))
-    try:
-        driver.set_script_timeout(HANG_GUARD_S)
-        driver.get(server.url + "/")
+    with chromium(server.url + "/") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def live_state(driver: Any) -> dict[str, Any]:
