@@ -546,6 +546,8 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     frames = t + taps - 1
     out = np.empty((c_out, t_out), np.float32)
     per = max(16, FRAMES_BYTES // (4 * uw.matrix.shape[0]))
+    if parallel.SHARE.share() > 1:  # several cores: SPLIT_TILES tiles at least, as convs
+        per = max(16, min(per, -(-frames // SPLIT_TILES)))
 
     def piece(run: Iterator[int]) -> None:
         acc = np.empty((c_out, per, u), np.float32)
