@@ -31,6 +31,7 @@ from tests.server.live import closed_by_server
 
 T = TypeVar("T")
 GUARD_S = 30.0
+SEND_BUFFER = 16384  # bytes: a small kernel buffer, so a stalled reader blocks writes soon
 """Hang guard for any single wait in these tests."""
 CHUNK = b"x" * 65536
 
@@ -80,8 +81,12 @@ class FakeApp:
 
 
 @asynccontextmanager
-async def serving(app: FakeApp, deadlines: Deadlines) -> AsyncIterator[tuple[HttpServer, int]]:
-    server = HttpServer(app, deadlines, send_buffer_bytes=16384)
+async def serving(
+    app: Any, deadlines: Deadlines, **options: Any
+) -> AsyncIterator[tuple[HttpServer, int]]:
+    """``app`` behind our listener on a free loopback port (HttpServer ``options``; the
+    tests here a 16 KiB send buffer), shut down after."""
+    server = HttpServer(app, deadlines, **options)
     listeners = await bind("127.0.0.1", 0)
     port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
     async with anyio.create_task_group() as tg:
@@ -148,7 +153,7 @@ def test_a_client_that_stops_reading_is_aborted_after_the_write_deadline(backend
         app = FakeApp()
         aborts: list[AbortKind] = []
         deadlines = Deadlines(write_s=0.5, shutdown_s=5)
-        async with serving(app, deadlines) as (server, port):
+        async with serving(app, deadlines, send_buffer_bytes=SEND_BUFFER) as (server, port):
             server.on_abort = aborts.append
             s = await blocking(lambda: connect(port, rcvbuf=4096))
             asked = time.monotonic()  # no write can start before the request is sent
@@ -173,7 +178,7 @@ def test_a_half_sent_body_is_aborted_after_the_body_deadline(backend: str) -> No
     async def main() -> None:
         app = FakeApp()
         deadlines = Deadlines(body_s=1.5)
-        async with serving(app, deadlines) as (server, port):
+        async with serving(app, deadlines, send_buffer_bytes=SEND_BUFFER) as (server, port):
             with await blocking(lambda: connect(port)) as s:
                 head = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n"
                 sent = time.monotonic()  # the server's last read cannot start before this
@@ -201,7 +206,10 @@ def test_a_half_sent_body_is_aborted_after_the_body_deadline(backend: str) -> No
 def test_a_partial_head_is_aborted_at_the_header_deadline_an_idle_one_closed(backend: str) -> None:
     async def main() -> None:
         app = FakeApp()
-        async with serving(app, Deadlines(header_s=0.5)) as (server, port):
+        async with serving(app, Deadlines(header_s=0.5), send_buffer_bytes=SEND_BUFFER) as (
+            server,
+            port,
+        ):
             with (
                 await blocking(lambda: connect(port)) as partial,
                 await blocking(lambda: connect(port)) as idle,
@@ -232,7 +240,7 @@ def test_protocol_errors_are_answered_with_the_json_error_shape(
     request_bytes: bytes, status: int, contains: str, backend: str
 ) -> None:
     async def main() -> None:
-        async with serving(FakeApp(), Deadlines()) as (_, port):
+        async with serving(FakeApp(), Deadlines(), send_buffer_bytes=SEND_BUFFER) as (_, port):
             response = await blocking(lambda: roundtrip(port, request_bytes))
             assert response.startswith(f"HTTP/1.1 {status} ".encode()), response[:200]
             assert b"connection: close" in response.lower()
@@ -244,7 +252,7 @@ def test_protocol_errors_are_answered_with_the_json_error_shape(
 
 def test_keep_alive_pipelining_head_continue_and_chunked_bodies(backend: str) -> None:
     async def main() -> None:
-        async with serving(FakeApp(), Deadlines()) as (_, port):
+        async with serving(FakeApp(), Deadlines(), send_buffer_bytes=SEND_BUFFER) as (_, port):
             two = get("/") + get("/", b"Connection: close\r\n")
             response = await blocking(lambda: roundtrip(port, two))
             assert response.count(b"HTTP/1.1 200 OK") == 2 and response.endswith(b"hello")
@@ -277,7 +285,7 @@ def test_keep_alive_pipelining_head_continue_and_chunked_bodies(backend: str) ->
 
 def test_a_failing_handler_gets_a_json_500(backend: str) -> None:
     async def main() -> None:
-        async with serving(FakeApp(), Deadlines()) as (_, port):
+        async with serving(FakeApp(), Deadlines(), send_buffer_bytes=SEND_BUFFER) as (_, port):
             response = await blocking(lambda: roundtrip(port, get("/boom")))
             assert response.startswith(b"HTTP/1.1 500 ")
             assert json_body(response)["error"]["type"] == "server_error"
@@ -289,7 +297,10 @@ def test_a_failing_handler_gets_a_json_500(backend: str) -> None:
 def test_shutdown_drains_running_work_and_refuses_new_connections(backend: str) -> None:
     async def main() -> None:
         app = FakeApp()
-        async with serving(app, Deadlines(shutdown_s=GUARD_S)) as (server, port):
+        async with serving(app, Deadlines(shutdown_s=GUARD_S), send_buffer_bytes=SEND_BUFFER) as (
+            server,
+            port,
+        ):
             s = await blocking(lambda: connect(port))
             await blocking(lambda: s.sendall(get("/slow")))
             with anyio.fail_after(GUARD_S):
@@ -326,7 +337,7 @@ def test_shutdown_aborts_a_client_that_stopped_reading_at_the_deadline(backend: 
     async def main() -> None:
         app = FakeApp()
         deadlines = Deadlines(write_s=3600, shutdown_s=0.5)
-        async with serving(app, deadlines) as (server, port):
+        async with serving(app, deadlines, send_buffer_bytes=SEND_BUFFER) as (server, port):
             s = await blocking(lambda: connect(port, rcvbuf=4096))
             await blocking(lambda: s.sendall(get("/stream")))
             assert (await blocking(lambda: s.recv(100))).startswith(b"HTTP/1.1 200 ")

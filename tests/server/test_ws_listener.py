@@ -18,8 +18,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -32,7 +31,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from server.http.listener import AbortKind, Deadlines, HttpServer, bind
-from tests.server.test_listener import GUARD_S, blocking, connect, json_body, read_all
+from tests.server.test_listener import GUARD_S, blocking, connect, json_body, read_all, serving
 
 KEY = base64.b64encode(os.urandom(16)).decode()
 
@@ -84,22 +83,6 @@ class WsApp:
             self.accepted.set()
             await scope["extensions"]["voxpool.shutdown"]["event"].wait()
             await send({"type": "websocket.close", "code": 1001, "reason": "bye"})
-
-
-@asynccontextmanager
-async def serving(
-    app: WsApp, deadlines: Deadlines, **options: Any
-) -> AsyncIterator[tuple[HttpServer, int]]:
-    server = HttpServer(app, deadlines, **options)
-    listeners = await bind("127.0.0.1", 0)
-    port = int(listeners[0].extra(anyio.abc.SocketAttribute.local_port))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, listeners)
-        try:
-            yield server, port
-        finally:
-            with anyio.fail_after(GUARD_S):
-                await server.shutdown()
 
 
 def run(test: Callable[[], Any], backend: str) -> None:
