@@ -49,11 +49,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 # run as a script, bench/ comes first on the path and its backends.py would hide the package
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as the server has it
+
+# isort: split
+import numpy as np  # noqa: E402
 
 from bench.common import markdown_table  # noqa: E402
 from server.provider import ThreadedProvider  # noqa: E402
