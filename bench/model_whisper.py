@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if sys.path[:1] != [str(ROOT)]:  # the project's packages, not bench/backends.py
     sys.path.insert(0, str(ROOT))
 
 import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as the server has it
