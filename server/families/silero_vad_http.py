@@ -58,6 +58,15 @@ class VadAdapter(ServesEveryMode):
             out["probabilities"] = [round(float(p), 6) for p in result.probabilities]
         return out
 
+    def live_json(self, request: Any, probabilities: np.ndarray, samples: int) -> dict[str, Any]:
+        """What the offline route answers for a live stream's audio: its segments from the
+        chunks' ``probabilities`` over the ``samples`` received, under ``request``'s options."""
+        from backends.silero_vad.segments import speech_segments
+        from backends.silero_vad.types import VadResult
+
+        segments = speech_segments(probabilities, samples, request.options)
+        return self.json(VadResult(probabilities, segments, samples))
+
     def chunk_json(self, chunk: Any) -> dict[str, Any]:
         return {
             "index": int(chunk.index),

@@ -517,14 +517,10 @@ class Live:
     def summary(self) -> dict[str, Any]:
         """The last message: what the offline route answers for the audio received (its
         segments from the same probabilities), how many chunks, and why the stream ended."""
-        from backends.silero_vad.segments import speech_segments
-        from backends.silero_vad.types import VadResult
-
         probs = np.asarray(self.probabilities, np.float32)
-        options = self.request.options
-        result = VadResult(probs, speech_segments(probs, self.received, options), self.received)
+        adapter = self.st.adapter(self.spec)
         out: dict[str, Any] = {"type": "vad.done"}
-        out.update(self.st.adapter(self.spec).json(result))
+        out.update(adapter.live_json(self.request, probs, self.received))
         out["chunks"] = len(self.probabilities)
         out["reason"] = (self.ending or ENDED).label
         return out
