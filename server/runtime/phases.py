@@ -42,5 +42,12 @@ class Phases:
         }
 
     def server_timing(self) -> str:
-        """The ``Server-Timing`` header's value: ``queue;dur=1.5, load;dur=0, run;dur=412.25``."""
-        return ", ".join(f"{name};dur={ms:g}" for name, ms in self.durations_ms().items())
+        """The ``Server-Timing`` header's value: ``queue;dur=1.5, load;dur=0, run;dur=412.25``,
+        each duration exactly as :meth:`durations_ms` gives it (to the microsecond)."""
+        return ", ".join(f"{name};dur={_millis(ms)}" for name, ms in self.durations_ms().items())
+
+
+def _millis(ms: float) -> str:
+    """``ms`` with its three decimals and no trailing zeros (``2000``, ``1039.078``): the
+    ``g`` format kept six significant digits, so a phase of a second or more lost some."""
+    return f"{ms:.3f}".rstrip("0").rstrip(".")

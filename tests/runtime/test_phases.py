@@ -39,6 +39,13 @@ def test_the_second_request_queues_behind_the_first_which_loaded() -> None:
     assert first.server_timing() == f"queue;dur=0, load;dur={a['load']:g}, run;dur=2000"
 
 
+def test_the_header_carries_every_decimal_of_a_long_phase() -> None:
+    """A phase over a second keeps its microseconds (the JSON fields have them too)."""
+    phases = Phases(requested=0.0, admitted=0.000257, ready=0.000361, finished=1.039439)
+    assert phases.durations_ms() == {"queue": 0.257, "load": 0.104, "run": 1039.078}
+    assert phases.server_timing() == "queue;dur=0.257, load;dur=0.104, run;dur=1039.078"
+
+
 def test_a_request_refused_in_the_queue_has_no_phases() -> None:
     """One slot, a queue of none: the second request is refused at once, so it reached
     only ``requested`` and its header would be empty."""
