@@ -33,7 +33,7 @@ from server.runtime import ModelSpec, Runtime, RuntimeConfig  # noqa: E402
 
 
 def _audio(name: str) -> np.ndarray:
-    with wave.open(str(ROOT / "tests" / "data" / "whisper" / f"{name}.wav")) as f:
+    with wave.open(str(ROOT / "tests/data/whisper" / f"{name}.wav")) as f:  # the speech fixtures
         pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
     return pcm.astype(np.float32) / np.float32(32768.0)
 
