@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -130,6 +131,26 @@ class CoreShare:
         finally:
             self._leave()
 
+    @contextmanager
+    def one_thread(self) -> Iterator[None]:
+        """The block's products on one BLAS thread: the BLAS held at one thread as during a
+        split (and restored as when a split ends), for code whose products are too small
+        for OpenBLAS's threads. Each of those products waits for every BLAS thread, and a
+        sleeping one on a core another process holds takes milliseconds to be scheduled:
+        Piper's text encoder on a short sentence took 157 ms at two BLAS threads against
+        36 at one with one other job running. A split inside the block still runs on the
+        share the server set (a script's own BLAS count is held at one meanwhile: one
+        piece at a time). Results are those of one BLAS thread, within the tolerances
+        :mod:`server.blas` declares of any thread count."""
+        if self._control() is None:
+            yield
+            return
+        self._enter()
+        try:
+            yield
+        finally:
+            self._leave()
+
     def _enter(self) -> None:
         control = self._control()
         with self._lock:
@@ -166,3 +187,8 @@ SHARE = CoreShare()
 def run_pieces(piece: Callable[[T], None], items: Sequence[T]) -> None:
     """:meth:`CoreShare.run` on the process's share."""
     SHARE.run(piece, items)
+
+
+def one_thread() -> AbstractContextManager[None]:
+    """:meth:`CoreShare.one_thread` on the process's share."""
+    return SHARE.one_thread()

@@ -118,3 +118,26 @@ def test_numpy_ops_split_give_the_same_bits_as_in_order() -> None:
     for attention, gelu in results[1:]:
         assert np.array_equal(attention, results[0][0])
         assert np.array_equal(gelu, results[0][1])
+
+
+def test_one_thread_holds_the_blas_for_the_block_and_restores_it() -> None:
+    blas = FakeBlas(2)
+    share = CoreShare(blas)
+    with share.one_thread():
+        assert blas.num_threads == 1
+        share.set_threads(2)  # a share set meanwhile applies when the block ends
+        assert blas.num_threads == 1
+        seen: list[int] = []
+        share.run(lambda i: seen.append(blas.num_threads), range(3))
+        assert seen == [1, 1, 1] and blas.num_threads == 1  # the split inside keeps it held
+    assert blas.num_threads == 2 and blas.settings == [1, 2]
+
+
+def test_one_thread_restores_after_an_exception_and_without_control() -> None:
+    blas = FakeBlas(3)
+    share = CoreShare(blas)
+    with pytest.raises(RuntimeError, match="inside"), share.one_thread():
+        raise RuntimeError("inside")
+    assert blas.num_threads == 3 and blas.settings == [1, 3]
+    with CoreShare(None, look_up=False).one_thread():
+        pass  # nothing to hold
