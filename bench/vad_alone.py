@@ -5,7 +5,9 @@ Two models in one runtime (real sessions, adaptive BLAS threads as ``voxpool
 serve`` has them): ``vad`` (2 session slots) and ``vadb`` (``batching: true``,
 16 engine rows); the same file through each, one request at a time, alternating.
 Prints the medians and the ratio, and checks the probabilities are identical.
-Run: ``.venv/bin/python bench/vad_alone.py [rounds] [fixture]`` (default 7, story).
+Run: ``.venv/bin/python bench/vad_alone.py [rounds] [fixture] [window_ms]`` (default 7,
+story). ``window_ms`` replaces the batch driver's collection window (2 ms: how long a
+lone arrival waits for others when nothing runs), to show what it costs a request alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench.common import markdown_table  # noqa: E402
 from server.blas import AdaptiveThreads, cores  # noqa: E402
 from server.provider import ThreadedProvider  # noqa: E402
 from server.runtime import ModelSpec, Runtime, RuntimeConfig  # noqa: E402
+from server.runtime.batch_driver import COLLECTION_WINDOW_S, BatchDriver  # noqa: E402
 
 
 def _audio(name: str) -> np.ndarray:
@@ -62,6 +65,10 @@ def main() -> None:
     args = sys.argv[1:]
     rounds = int(args[0]) if args else 7
     name = args[1] if len(args) > 1 else "story"
+    window = float(args[2]) / 1000 if len(args) > 2 else COLLECTION_WINDOW_S
+    defaults = BatchDriver.__init__.__kwdefaults__
+    assert defaults is not None and "window" in defaults
+    defaults["window"] = window  # the runtime builds its drivers with the default
     audio = _audio(name)
     times = anyio.run(_measure, audio, rounds)
     session, batched = (statistics.median(times[m]) for m in ("vad", "vadb"))
@@ -69,6 +76,7 @@ def main() -> None:
         {
             "input": f"{name} ({len(audio) / 16000:.1f} s)",
             "cores": cores(),
+            "window ms": window * 1000,
             "session ms": round(session * 1000, 1),
             "batched engine ms": round(batched * 1000, 1),
             "batched / session": round(batched / session, 2),

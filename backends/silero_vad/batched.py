@@ -6,9 +6,26 @@ of ``[max_batch, 64]``) and its trigger's state as the vector test below reads i
 its own bookkeeping (:class:`_Row`) keeps its framed windows not yet processed, the
 chunks processed so far and its :class:`~backends.silero_vad.segments.StreamTrigger`.
 
-A step advances every member by up to :data:`STEP_CHUNKS` 512-sample chunks
-(``model.STREAM_BLOCK`` = 8 chunks, 256 ms of audio, the block a streaming session
-encodes at once) in one forward: the state rows of the step's members are gathered,
+A step advances every member by up to its *block* of 512-sample chunks in one
+forward (:meth:`SileroVadEngine._block`):
+
+* while any live member is in the engine, every member's block is :data:`STEP_CHUNKS`
+  (``model.STREAM_BLOCK`` = 8 chunks, 256 ms of audio, the block a streaming session
+  encodes at once), so a step stays short and a live chunk waits at most one such step;
+* with no live member, a run member's block is :data:`OFFLINE_STEP_CHUNKS` (512 chunks,
+  16.4 s of audio) and its first block is taken in its join: a request alone costs what
+  ``Session.run`` costs (which frames every window at once) plus one engine call per
+  16 s of audio (under 1% of the forward's time), instead of one per 256 ms (2.1x the
+  session's time). A member arriving meanwhile waits at most one such block: 82-91 ms
+  ("exact") or 55-59 ms ("gemm") at one BLAS thread on a loaded 2-core machine;
+* with no live member, a stream member's block doubles from :data:`STEP_CHUNKS` with
+  the chunks it processed (8 in its join, then 8, 16, 32, ... up to
+  :data:`OFFLINE_STEP_CHUNKS`): its first chunks come out as early as before, and a
+  long stream takes few steps.
+
+A member's results never depend on its blocks (the encoder runs window by window, the
+LSTM chunk by chunk), only the number of steps it takes does. The state rows of the
+step's members are gathered,
 their windows encoded together and walked through the LSTM time-major, each member
 for exactly its own number of windows (its state stops after its last), and the
 rows written back once the forward succeeded. Members of any length join and leave
@@ -74,6 +91,8 @@ from backends.silero_vad.weights import SileroWeights
 from core.engine import Emitted, Feed, Member, join_each
 
 STEP_CHUNKS: Final = model.STREAM_BLOCK  # chunks per member per step (8 x 32 ms = 256 ms)
+OFFLINE_STEP_CHUNKS: Final = 512
+"""The most chunks a member advances in one step when no live member is in the engine."""
 MATHS: Final = ("exact", "gemm")
 """How a step's forward multiplies (:class:`SileroVadEngine`'s ``math``)."""
 _NO_WINDOWS: Final = np.zeros((0, model.WINDOW), np.float32)
@@ -143,6 +162,7 @@ class SileroVadEngine:
         self.math = math
         self._max_batch = max_batch
         self._rows: dict[int, _Row] = {}
+        self._live = 0  # live members among the rows
         self._gemm = math == "gemm" and model.on_host(weights)
         # per key: LSTM state, a live member's context, its trigger as the vector test sees it
         self._h = np.zeros((max_batch, model.HIDDEN), np.float32)
@@ -163,11 +183,24 @@ class SileroVadEngine:
         return True
 
     def join(self, members: Sequence[Member]) -> list[Emitted]:
-        """Validate and frame each member; one with no chunk at all is done at once."""
-        return join_each(members, self._join_one)
+        """Validate and frame each member; one with no chunk at all is done at once.
+
+        With no live member in the engine, the members that joined also advance by their
+        first block here, in one forward (as the step after would): a request alone whose
+        audio fits in one block is done in its join, with no step at all.
+        """
+        joined = join_each(members, self._join_one)
+        if self._live:
+            return joined
+        slow = [i for i, e in enumerate(joined) if e.error is None and not e.done]
+        if not slow:
+            return joined
+        out: list[Emitted | None] = list(joined)
+        self._advance([m.key for m in members], out, [], [], [], slow)
+        return out  # type: ignore[return-value]
 
     def step(self, keys: Sequence[int]) -> list[Emitted]:
-        """Up to :data:`STEP_CHUNKS` chunks for every member in ``keys``, in one forward; a
+        """Up to its block of chunks for every member in ``keys``, in one forward; a
         live member first takes its new audio, and sits out with no whole chunk to process.
 
         The common live case, whole 32 ms chunks pushed as such (one, or a few after a
@@ -218,15 +251,31 @@ class SileroVadEngine:
         return out  # type: ignore[return-value]
 
     def leave(self, key: int) -> None:
-        self._rows.pop(key, None)
+        row = self._rows.pop(key, None)
+        if row is not None and row.feed is not None:
+            self._live -= 1
 
     def close(self) -> None:
         self._rows.clear()
+        self._live = 0
+
+    def _block(self, row: _Row) -> int:
+        """The most chunks ``row`` advances in this step (see the module doc): live members
+        in the engine keep every block at :data:`STEP_CHUNKS`; otherwise a run member takes
+        up to :data:`OFFLINE_STEP_CHUNKS` and a stream member as many as it processed so far
+        (at least :data:`STEP_CHUNKS`, at most :data:`OFFLINE_STEP_CHUNKS`)."""
+        if self._live:
+            return STEP_CHUNKS
+        if not row.stream:
+            return OFFLINE_STEP_CHUNKS
+        return min(OFFLINE_STEP_CHUNKS, max(STEP_CHUNKS, row.done))
 
     # ---- internals ---------------------------------------------------------
     def _join_one(self, member: Member) -> Emitted:
         row = self._admit(member)
         self._rows[member.key] = row
+        if row.feed is not None:
+            self._live += 1
         return self._emit(member.key, row, []) if row.finished else Emitted(member.key)
 
     def _admit(self, member: Member) -> _Row:
@@ -295,7 +344,7 @@ class SileroVadEngine:
         rows = self._rows
         quick_keys = np.array([keys[i] for i in quick], np.intp)
         windows = self._frame_quick(quick_keys, counts, pieces)
-        blocks = [rows[keys[i]].windows[:STEP_CHUNKS] for i in slow]
+        blocks = [rows[keys[i]].windows[: self._block(rows[keys[i]])] for i in slow]
         sizes = [*counts, *(len(b) for b in blocks)]
         members = [keys[i] for i in (*quick, *slow)]
         probs, errors = self._forward(members, sizes, len(quick), windows, blocks)

@@ -97,9 +97,11 @@ def test_all_members_together_equal_the_session(
         else:
             assert len(chunks) == 1
             _same_result(chunks[0], session.run(request))
-    # the longest member took ceil(chunks / 8) steps: 8 chunks per member per step
+    # no live member: a run member is done in its join (the clip is one offline block); a
+    # stream's blocks double from 8 chunks (its join takes the first)
     chunks = -(-len(vad_clip) // 512)
-    assert len(seen[0]) - 1 == -(-chunks // STEP_CHUNKS)
+    sizes = [len(e.chunks) for e in seen[0]]
+    assert sizes == ([1] if not stream else [8, 8, 16, 32, 64, 128, chunks - 256])
 
 
 def test_members_join_mid_decode_and_keys_are_reused(
@@ -116,7 +118,7 @@ def test_members_join_mid_decode_and_keys_are_reused(
     seen = _drive(engine, arrivals)
     session = vad_factory.create()
     _same_result(_chunks(seen[0])[0], session.run(requests[0]))
-    first, second = seen[1][:2], seen[1][2:]  # key 1: the short stream, then its reuse
+    first, second = seen[1][:1], seen[1][1:]  # key 1: the short stream (done at join), reused
     _same_chunks(_chunks(first), list(session.stream(requests[4])))
     _same_chunks(_chunks(second), list(session.stream(requests[1])))
     _same_result(_chunks(seen[2])[0], session.run(requests[3]))
@@ -154,14 +156,14 @@ def test_a_key_in_use_or_out_of_range_is_refused(
     vad_factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
     engine = vad_factory.engine(2)
-    request = VadRequest(vad_clip[:4000])  # 8 chunks: one step
-    (joined,) = engine.join([Member(0, request, False)])
-    assert joined.error is None
+    request = VadRequest(vad_clip[: 16 * 512])  # a stream of 16 chunks: its join and a step
+    (joined,) = engine.join([Member(0, request, True)])
+    assert joined.error is None and len(joined.chunks) == STEP_CHUNKS
     in_use, out_of_range = engine.join([Member(0, request, False), Member(2, request, False)])
     assert isinstance(in_use.error, ValueError) and isinstance(out_of_range.error, ValueError)
     (done,) = engine.step([0])  # the first member is untouched
     assert done.done
-    _same_result(done.chunks[0], vad_factory.create().run(request))
+    _same_chunks([*joined.chunks, *done.chunks], list(vad_factory.create().stream(request)))
 
 
 def test_empty_audio_is_done_at_join(vad_factory: SileroVadFactory) -> None:
