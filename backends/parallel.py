@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -64,17 +64,24 @@ class CoreShare:
     """The BLAS thread count and the splits that borrow it (one per process: :data:`SHARE`).
 
     ``controller`` sets and reads the BLAS's threads (threadpoolctl's, looked up
-    on first use; None: no control, every split runs its pieces in order).
+    on first use; None: no control, every split runs its pieces in order); ``pool``
+    the worker threads (default: one a core, started on first use).
     """
 
-    def __init__(self, controller: Any | None = None, *, look_up: bool = True) -> None:
+    def __init__(
+        self,
+        controller: Any | None = None,
+        *,
+        look_up: bool = True,
+        pool: ThreadPoolExecutor | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._controller = controller
         self._looked_up = controller is not None or not look_up
         self._share: int | None = None  # set by set_threads; None: the BLAS's own count
         self._held: int | None = None  # the count to restore when the last split ends
         self._splits = 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = pool  # the workers (None: one a core, started on first use)
 
     def _control(self) -> Any | None:
         if not self._looked_up:
@@ -107,10 +114,13 @@ class CoreShare:
 
     def run(self, piece: Callable[[T], None], items: Sequence[T]) -> None:
         """Calls ``piece(item)`` for every item, up to :meth:`share` at once, each on one
-        BLAS thread: lane ``i`` of ``n`` takes items ``i, i + n, ...`` in order, the
-        caller's thread lane 0. Returns when every lane has ended; a lane stops at a
-        failing piece, whose exception (the first lane's first) is raised then. Pieces
-        must write disjoint outputs."""
+        BLAS thread. The caller's thread and the workers take items one at a time from
+        one queue, in order, so a worker that is late to start (its core held by another
+        job) takes fewer items or none: when the queue is empty the caller withdraws the
+        workers that have not started and waits only for pieces that are running. A
+        failing piece stops every lane from taking more; its exception (the first
+        recorded) is raised when no piece runs any longer. Pieces must write disjoint
+        outputs (which thread computes an item never changes what it computes)."""
         workers = min(self.share(), len(items))
         if workers <= 1:
             for item in items:
@@ -119,15 +129,16 @@ class CoreShare:
         self._enter()
         try:
             pool = self._workers()
-            lanes = [items[i::workers] for i in range(workers)]
-            futures = [pool.submit(_each, piece, lane) for lane in lanes[1:]]
+            queue = _Queue(piece, items)
+            futures = [pool.submit(queue.lane) for _ in range(workers - 1)]
             try:
-                _each(piece, lanes[0])
+                queue.lane()
             finally:
-                errors = [f.exception() for f in futures]
-            for error in errors:
-                if error is not None:
-                    raise error
+                for future in futures:
+                    if not future.cancel():  # started: wait for its piece to end
+                        future.exception()
+            if queue.error is not None:
+                raise queue.error
         finally:
             self._leave()
 
@@ -175,9 +186,33 @@ class CoreShare:
             return self._pool
 
 
-def _each(piece: Callable[[T], None], items: Sequence[T]) -> None:
-    for item in items:
-        piece(item)
+class _Queue(Generic[T]):
+    """The items of one split, handed out one at a time to its lanes (:meth:`CoreShare.run`)."""
+
+    def __init__(self, piece: Callable[[T], None], items: Sequence[T]) -> None:
+        self._piece = piece
+        self._items = items
+        self._next = 0
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self.error is not None or self._next >= len(self._items):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def lane(self) -> None:
+        """Runs pieces until the queue is empty or a piece failed (recorded in :attr:`error`)."""
+        while (i := self._take()) is not None:
+            try:
+                self._piece(self._items[i])
+            except BaseException as error:  # raised by the caller once the split ended
+                with self._lock:
+                    if self.error is None:
+                        self.error = error
+                return
 
 
 SHARE = CoreShare()

@@ -247,8 +247,9 @@ def resblocks(
 
 def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
     """The tiles at ``starts`` on the caller's share of the cores (:mod:`backends.parallel`),
-    each core with one BLAS thread: ``piece(tiles)`` runs once per core (allocating its
-    buffers once) and takes tile after tile from one shared queue until none is left,
+    each core with one BLAS thread: ``piece(tiles)`` runs on each core that joins in
+    (allocating its buffers once) and takes tile after tile from one shared queue until
+    none is left (a core that joins late finds fewer or none, see :meth:`parallel.CoreShare.run`),
     so a core that another job holds up takes fewer tiles instead of holding up the
     others (OpenBLAS's threads split a product statically and wait for the slowest).
     A tile computes the same bits whichever core takes it: the result does not depend

@@ -4,6 +4,7 @@ thread meanwhile, results independent of the share."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -80,17 +81,45 @@ def test_a_share_set_during_a_split_applies_when_it_ends() -> None:
 def test_a_failing_piece_raises_after_every_piece_ended_and_restores() -> None:
     blas = FakeBlas(2)
     share = CoreShare(blas)
-    ended: list[int] = []
+    lock = threading.Lock()
+    running: list[int] = []
+    started: list[int] = []
 
     def piece(i: int) -> None:
-        if i == 1:
-            raise ValueError("piece 1")
-        ended.append(i)
+        with lock:
+            running.append(i)
+            started.append(i)
+        try:
+            if i == 1:
+                raise ValueError("piece 1")
+        finally:
+            with lock:
+                running.remove(i)
 
     with pytest.raises(ValueError, match="piece 1"):
-        share.run(piece, range(4))
-    # lanes [0, 2] and [1, 3]: the failing lane stops, the other runs to its end first
-    assert sorted(ended) == [0, 2] and blas.num_threads == 2
+        share.run(piece, range(6))
+    assert running == [] and 1 in started  # no piece still running when it raised
+    assert blas.num_threads == 2
+
+
+def test_items_go_out_in_order_and_a_late_worker_is_withdrawn() -> None:
+    """The caller takes every item while the only worker is busy elsewhere (a core another
+    job holds): the split returns without waiting for that worker to start."""
+    blas = FakeBlas(2)
+    pool = ThreadPoolExecutor(1)
+    share = CoreShare(blas, pool=pool)
+    release = threading.Event()
+    blocker = pool.submit(release.wait)  # the only worker is busy
+    try:
+        seen: list[tuple[int, str]] = []
+        share.run(lambda i: seen.append((i, threading.current_thread().name)), range(5))
+        me = threading.current_thread().name
+        assert seen == [(i, me) for i in range(5)]
+        assert blas.num_threads == 2
+    finally:
+        release.set()
+        blocker.result()
+        pool.shutdown()
 
 
 def _attention_and_gelu() -> tuple[np.ndarray, np.ndarray]:
