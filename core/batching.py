@@ -21,6 +21,12 @@ the slot once they have seen the end. The fixes of reference §6.5 are built in:
 * a stopped member is listed in exactly one plan's ``finish`` with one decision
   about its tail (emit, or not when aborted), never twice.
 
+:meth:`~BatchScheduler.poll` costs what changed since the last poll, not the slot
+count: the active members are kept in slot order as they join and leave, a plan's
+``advance`` is that list's tuple (the same object from one step to the next while
+nobody joins or leaves), every member keeps one :class:`SlotHandle` per epoch, and a
+member's step count is the scheduler's count of steps since it joined.
+
 Two join policies: ``join_between_steps=True`` (continuous batching, the default):
 pending members join the running batch at the next step boundary;
 ``False`` (FireRed's round rule): a new round starts only when no member is
@@ -30,9 +36,10 @@ active, so newcomers wait for the running round to drain. Either way a
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -205,6 +212,9 @@ class Drained(Generic[C]):
     error: str | None = None
 
 
+_NO_HANDLE = SlotHandle(-1, -1)  # a free slot's (never handed out)
+
+
 @attrs.define
 class _Slot(Generic[C]):
     epoch: int = 0
@@ -216,6 +226,8 @@ class _Slot(Generic[C]):
     stop_reason: Reason = Reason.MEMBER_STOPPED
     outcome: Outcome | None = None
     error: str | None = None
+    handle: SlotHandle = _NO_HANDLE  # this epoch's, the one object every plan lists
+    joined: int = 0  # the scheduler's step count when the member joined (while active)
 
 
 _LIVE = (SlotState.ACTIVE, SlotState.STOPPED, SlotState.FINISHING)
@@ -241,6 +253,14 @@ class BatchScheduler(Generic[C]):
         self._slots: list[_Slot[C]] = [_Slot() for _ in range(max_batch)]
         self._free: collections.deque[int] = collections.deque(range(max_batch))
         self._pending: collections.deque[int] = collections.deque()
+        # the active members, in slot order, and their handles (the same positions)
+        self._active: list[int] = []
+        self._active_handles: list[SlotHandle] = []
+        self._advance: tuple[SlotHandle, ...] | None = ()  # None: rebuild from the list
+        self._stopped: list[int] = []  # stopped since the last poll: finished by the next
+        self._step_count = 0  # plans that advanced the active members
+        # with max_steps: (joined, slot, epoch) in join order, the oldest reaching it first
+        self._joins: collections.deque[tuple[int, int, int]] = collections.deque()
 
     # ------------------------------------------------------------- owner side
 
@@ -250,9 +270,10 @@ class BatchScheduler(Generic[C]):
             return Rejected(request_id)
         index = self._free.popleft()
         epoch = self._slots[index].epoch + 1  # carried across the reset below
-        self._slots[index] = _Slot(epoch, SlotState.PENDING, request_id, now)
+        handle = SlotHandle(index, epoch)
+        self._slots[index] = _Slot(epoch, SlotState.PENDING, request_id, now, handle=handle)
         self._pending.append(index)
-        return Launched(SlotHandle(index, epoch), request_id)
+        return Launched(handle, request_id)
 
     def read(self, handle: SlotHandle) -> Chunk[C] | NotReady | EndOfStream | Failed | StaleHandle:
         """The next chunk of the owner's own request; a stale handle reads nothing."""
@@ -308,7 +329,7 @@ class BatchScheduler(Generic[C]):
             self._end(slot, Outcome.ABORTED)
             return Ack(handle, slot.state, Reason.CANCELLED)
         if slot.state is SlotState.ACTIVE:
-            slot.state, slot.stop_reason = SlotState.STOPPED, Reason.CANCELLED
+            self._stop(handle.slot, slot, Reason.CANCELLED)
             return Ack(handle, slot.state, Reason.CANCELLED)
         return Ignored(handle, slot.state, Reason.INVALID_STATE, "request already stopped")
 
@@ -321,17 +342,14 @@ class BatchScheduler(Generic[C]):
         Order: stopped members are finished (each exactly once); pending members
         join if the policy allows (continuous: always; round rule: only when no
         member is active) and the collection window has closed or the pending list
-        is full; then every active member, joiners included, advances once.
+        is full; then every active member, joiners included, advances once. Lists are in
+        slot order (``join``: arrival order). The cost is the number of members that
+        stopped or joined since the last poll, not the slot count.
         """
-        finish: list[Finish] = []
-        for index, slot in enumerate(self._slots):
-            if slot.state is SlotState.ACTIVE and self._at_max_steps(slot):
-                slot.state, slot.stop_reason = SlotState.STOPPED, Reason.MAX_STEPS
-            if slot.state is SlotState.STOPPED:
-                slot.state = SlotState.FINISHING
-                emit = slot.stop_reason is not Reason.CANCELLED
-                finish.append(Finish(SlotHandle(index, slot.epoch), emit, slot.stop_reason))
-        running = any(slot.state is SlotState.ACTIVE for slot in self._slots)
+        if self.max_steps is not None:
+            self._stop_at_max_steps(self.max_steps)
+        finish = self._finishes()
+        running = bool(self._active)
         join: list[SlotHandle] = []
         held = Reason.GRANTED
         if self._pending and running and not self.join_between_steps:
@@ -342,17 +360,14 @@ class BatchScheduler(Generic[C]):
                 return WaitUntil(self._slots[self._pending[0]].arrived + self.window)
         elif self._pending:
             while self._pending:
-                index = self._pending.popleft()
-                self._slots[index].state = SlotState.ACTIVE
-                join.append(SlotHandle(index, self._slots[index].epoch))
-        advance: list[SlotHandle] = []
-        for index, slot in enumerate(self._slots):
-            if slot.state is SlotState.ACTIVE:
-                slot.steps += 1
-                advance.append(SlotHandle(index, slot.epoch))
+                join.append(self._join(self._pending.popleft()))
+        self._step_count += 1  # every active member, joiners included, advances once
+        advance = self._advance
+        if advance is None:
+            advance = self._advance = tuple(self._active_handles)
         if not (join or advance or finish):
             return Idle()
-        return StepPlan(tuple(join), tuple(advance), tuple(finish), len(self._pending), held)
+        return StepPlan(tuple(join), advance, tuple(finish), len(self._pending), held)
 
     def chunk_ready(self, handle: SlotHandle, data: C) -> Ack | Ignored | StaleHandle:
         """Queue a decoded chunk (or the tail) for the owner; only while the member is live."""
@@ -364,6 +379,17 @@ class BatchScheduler(Generic[C]):
         slot.chunks.append(data)
         return Ack(handle, slot.state, Reason.GRANTED)
 
+    def chunks_ready(self, handle: SlotHandle, chunks: Sequence[C]) -> Ack | Ignored | StaleHandle:
+        """Queue several chunks of one member at once, in order (:meth:`chunk_ready` for each,
+        one decision for all)."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state not in _LIVE:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        slot.chunks.extend(chunks)
+        return Ack(handle, slot.state, Reason.GRANTED)
+
     def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
         """The member hit its stop condition: it leaves the batch; its tail comes in the next
         plan."""
@@ -372,7 +398,7 @@ class BatchScheduler(Generic[C]):
             return StaleHandle(handle)
         if slot.state is not SlotState.ACTIVE:
             return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not active")
-        slot.state, slot.stop_reason = SlotState.STOPPED, Reason.MEMBER_STOPPED
+        self._stop(handle.slot, slot, Reason.MEMBER_STOPPED)
         return Ack(handle, slot.state, Reason.MEMBER_STOPPED)
 
     def tail_done(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
@@ -393,6 +419,8 @@ class BatchScheduler(Generic[C]):
             return StaleHandle(handle)
         if slot.state not in _LIVE:
             return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        if slot.state is SlotState.ACTIVE:
+            self._leave_active(handle.slot, slot)
         slot.error = message
         self._end(slot, Outcome.FAILED)
         return Ack(handle, slot.state, Reason.MEMBER_FAILED)
@@ -406,7 +434,7 @@ class BatchScheduler(Generic[C]):
     def handle_of(self, slot: int) -> SlotHandle | None:
         """The live handle of slot ``slot``, or None when it is free."""
         record = self._slots[slot]
-        return None if record.state is SlotState.FREE else SlotHandle(slot, record.epoch)
+        return None if record.state is SlotState.FREE else record.handle
 
     def request_of(self, handle: SlotHandle) -> Hashable | None:
         """The request a valid handle belongs to."""
@@ -416,7 +444,9 @@ class BatchScheduler(Generic[C]):
     def steps(self, handle: SlotHandle) -> int:
         """How many steps the member has been planned to advance (0 for stale handles)."""
         slot = self._slot(handle)
-        return 0 if slot is None else slot.steps
+        if slot is None:
+            return 0
+        return self._step_count - slot.joined if slot.state is SlotState.ACTIVE else slot.steps
 
     def free_slots(self) -> tuple[int, ...]:
         """Free slot indexes in reuse (FIFO) order."""
@@ -424,7 +454,7 @@ class BatchScheduler(Generic[C]):
 
     def pending(self) -> tuple[SlotHandle, ...]:
         """Launched members not yet joined, in arrival order."""
-        return tuple(SlotHandle(i, self._slots[i].epoch) for i in self._pending)
+        return tuple(self._slots[i].handle for i in self._pending)
 
     # --------------------------------------------------------------- helpers
 
@@ -439,8 +469,58 @@ class BatchScheduler(Generic[C]):
     def _end(self, slot: _Slot[C], outcome: Outcome) -> None:
         slot.state, slot.outcome = SlotState.FINISHED, outcome
 
-    def _at_max_steps(self, slot: _Slot[C]) -> bool:
-        return self.max_steps is not None and slot.steps >= self.max_steps
+    def _join(self, index: int) -> SlotHandle:
+        """A pending member becomes active: into the slot-ordered active list."""
+        slot = self._slots[index]
+        slot.state, slot.joined = SlotState.ACTIVE, self._step_count
+        at = bisect.bisect_left(self._active, index)
+        self._active.insert(at, index)
+        self._active_handles.insert(at, slot.handle)
+        self._advance = None
+        if self.max_steps is not None:
+            self._joins.append((slot.joined, index, slot.epoch))
+        return slot.handle
+
+    def _leave_active(self, index: int, slot: _Slot[C]) -> None:
+        """An active member leaves the batch: its step count is kept, its place dropped."""
+        slot.steps = self._step_count - slot.joined
+        at = bisect.bisect_left(self._active, index)
+        del self._active[at], self._active_handles[at]
+        self._advance = None
+
+    def _stop(self, index: int, slot: _Slot[C], reason: Reason) -> None:
+        """An active member stops; the next poll finishes it."""
+        self._leave_active(index, slot)
+        slot.state, slot.stop_reason = SlotState.STOPPED, reason
+        self._stopped.append(index)
+
+    def _stop_at_max_steps(self, max_steps: int) -> None:
+        """Stop the members that advanced ``max_steps`` times: the oldest joins first (every
+        active member advances at every plan), entries of members gone since dropped."""
+        joins = self._joins
+        while joins:
+            joined, index, epoch = joins[0]
+            slot = self._slots[index]
+            if slot.state is SlotState.ACTIVE and slot.epoch == epoch:
+                if self._step_count - joined < max_steps:
+                    return
+                self._stop(index, slot, Reason.MAX_STEPS)
+            joins.popleft()
+
+    def _finishes(self) -> list[Finish]:
+        """Every member stopped since the last poll moves to FINISHING, in slot order, with
+        its one tail decision."""
+        if not self._stopped:
+            return []
+        stopped, self._stopped = sorted(self._stopped), []
+        finish: list[Finish] = []
+        for index in stopped:
+            slot = self._slots[index]
+            if slot.state is SlotState.STOPPED:  # not failed since
+                slot.state = SlotState.FINISHING
+                emit = slot.stop_reason is not Reason.CANCELLED
+                finish.append(Finish(slot.handle, emit, slot.stop_reason))
+        return finish
 
     def _window_open(self, now: float) -> bool:
         full = len(self._pending) >= self.max_batch

@@ -424,3 +424,30 @@ BatchingMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 TestBatchingMachine = BatchingMachine.TestCase
+
+
+def test_chunks_ready_queues_several_chunks_with_one_decision() -> None:
+    s: BatchScheduler[str] = BatchScheduler(2, window=0.0)
+    a = launch(s, "a")
+    assert isinstance(s.chunks_ready(a, ("early",)), Ignored)  # pending: not decoding yet
+    plan(s)
+    assert s.chunks_ready(a, ("a1", "a2")) == Ack(a, SlotState.ACTIVE, Reason.GRANTED)
+    assert s.drain(a) == Drained(a, ("a1", "a2"), ended=False)
+    finish_member(s, a, "a-tail")
+    assert isinstance(s.chunks_ready(a, ("late",)), Ignored)  # finished: nothing queued
+    assert s.drain(a) == Drained(a, ("a-tail",), ended=True)
+    assert s.release(a) == Released(a, Outcome.COMPLETED, 0)
+    assert s.chunks_ready(a, ("x",)) == StaleHandle(a)
+
+
+def test_plans_share_one_advance_tuple_until_membership_changes() -> None:
+    s: BatchScheduler[str] = BatchScheduler(4, window=0.0)
+    a, b = launch(s, "a"), launch(s, "b")
+    first = plan(s)
+    assert plan(s).advance is plan(s).advance == first.advance == (a, b)
+    c = launch(s, "c")
+    assert plan(s).advance == (a, b, c)
+    s.member_finished(b)
+    assert plan(s).advance == (a, c)
+    assert s.handle_of(a.slot) is a  # one handle object per member
+    assert (s.steps(a), s.steps(b), s.steps(c)) == (5, 4, 2)  # b kept its count
