@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='register the model with "batching": true (its batched engine, slots = batch size)',
     )
+    val.add_argument(
+        "--load-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one of the model's load_options, as in the config (e.g. batch_math=gemm); repeatable",
+    )
     val.add_argument("--framework", action="store_true", help="also run the F1-F6 test subsets")
     val.add_argument("--out", help="write the JSON record here")
 

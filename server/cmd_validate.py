@@ -254,10 +254,16 @@ def main(args: argparse.Namespace) -> int:
     if args.slots < 1 or args.slots > 16 or args.starts < 1 or args.waves < 1:
         print("voxpool validate: --slots must be 1..16, --starts and --waves >= 1", file=sys.stderr)
         return 2
+    pairs = [o.partition("=") for o in args.load_option]
+    if any(not key or not sep for key, sep, _ in pairs):
+        print("voxpool validate: --load-option takes KEY=VALUE", file=sys.stderr)
+        return 2
+    load_options = {key: value for key, _, value in pairs}
     repro = (
         f"voxpool validate --model {args.model} --slots {args.slots} --starts {args.starts} "
         f"--waves {args.waves}"
         + (" --batching" if args.batching else "")
+        + "".join(f" --load-option {key}={value}" for key, value in load_options.items())
         + (" --framework" if args.framework else "")
     )
     try:
@@ -269,6 +275,7 @@ def main(args: argparse.Namespace) -> int:
             args.framework,
             repro,
             batching=args.batching,
+            load_options=load_options,
         )
     except (FileNotFoundError, ValueError) as exc:
         print(f"voxpool validate: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backends.silero_vad import VadResult
-from core.engine import BatchEngine, Emitted
+from core.engine import BatchEngine, Emitted, Member
 from server import cli
 from server.cmd_validate import GROUPS, build_record, run_pytest
 from server.families import registry
@@ -204,22 +204,33 @@ def _batched(provider: Callable[[], GateProvider]) -> dict[str, Any]:
     )
 
 
+def _nudged(emitted: Sequence[Emitted], by: float | None = None) -> list[Emitted]:
+    """A member at any key but 0 that finished gets its first probability moved: by ``by``,
+    or (None) by one ulp."""
+    out = []
+    for e in emitted:
+        if e.key > 0 and e.done and e.chunks:
+            (result,) = e.chunks
+            if isinstance(result, VadResult):
+                probs = np.array(result.probabilities, np.float32)
+                up = np.nextafter(probs[0], np.float32(2)) if by is None else probs[0] + by
+                probs[0] = np.float32(up)
+                e = Emitted(e.key, (attrs.evolve(result, probabilities=probs),), True)
+        out.append(e)
+    return out
+
+
 class BatchCorruptingProvider(GateProvider):
-    """A broken batch: a member at any key but 0 gets one probability nudged by one ulp."""
+    """A broken batch: a member at any key but 0 gets one probability nudged by one ulp (in
+    the step or the join that finished it: a short request alone is done in its join)."""
+
+    by: float | None = None
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        return _nudged(await super().join(engine, members), self.by)
 
     async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
-        out = []
-        for emitted in await super().step(engine, keys):
-            if emitted.key > 0 and emitted.done and emitted.chunks:
-                (result,) = emitted.chunks
-                if isinstance(result, VadResult):
-                    probs = np.array(result.probabilities, np.float32)
-                    probs[0] = np.nextafter(probs[0], np.float32(2))
-                    emitted = Emitted(
-                        emitted.key, (attrs.evolve(result, probabilities=probs),), True
-                    )
-            out.append(emitted)
-        return out
+        return _nudged(await super().step(engine, keys), self.by)
 
 
 class LeakingProvider(GateProvider):

@@ -20,6 +20,12 @@ from server.families.data import DATA, audio_meta, fixture_audio, read_wav, sha2
 NAME = "silero_vad"
 MIX = DATA / NAME / "speech_mix_16k.wav"
 """Speech, silence and noise, 16 kHz: the plan's and the bench's input."""
+BATCH_MATHS = ("exact", "gemm")
+"""The ``batch_math`` load option's values (``backends.silero_vad.batched.MATHS``): how a
+batching model's engine multiplies, "exact" (bit-identical to a session, the default) or
+"gemm" (one GEMM per layer for all members: probabilities within :data:`GEMM_TOLERANCE`)."""
+GEMM_TOLERANCE = 1e-5
+"""The declared batched tolerance of a "gemm" engine on each probability (issue #14)."""
 
 
 @functools.cache
@@ -56,9 +62,21 @@ def workload(seconds: float = 15.0) -> Workload:
 
 
 class VadPlan:
-    """silero_vad: slices and gains of the speech mix; probabilities and segments compared."""
+    """silero_vad: slices and gains of the speech mix; probabilities and segments compared.
+
+    Built for the model's load options: its ``batch_math`` sets the declared batched
+    tolerance (none for "exact"; each probability within :data:`GEMM_TOLERANCE` for
+    "gemm"); the other options change nothing here.
+    """
 
     stream_mode = "offline"
+
+    def __init__(self, batch_math: str = "exact", **_other_options: object) -> None:
+        if batch_math not in BATCH_MATHS:
+            raise ValueError(f"silero_vad: batch_math must be one of {BATCH_MATHS}")
+        self.batch_math = batch_math
+        self.tolerance = GEMM_TOLERANCE if batch_math == "gemm" else 0.0
+
     invalid_reason = "continue_stream=True on an offline request (the session rejects it)"
 
     def cases(self) -> list[Case]:
@@ -104,11 +122,28 @@ class VadPlan:
         ]
         return sha256(json.dumps(parts).encode())
 
-    batched_tolerance = "exact (the batched engine is bit-identical at one BLAS thread)"
+    @property
+    def batched_tolerance(self) -> str:
+        if not self.tolerance:
+            return "exact (the batched engine is bit-identical at one BLAS thread)"
+        return (
+            f"probabilities within {self.tolerance:g} each (batch_math gemm: one GEMM per layer "
+            "for all members sums in another order), same count, segments identical"
+        )
 
     def batched_equal(self, got: Any, reference: Any) -> bool:
-        """No tolerance: equal fingerprints only."""
-        return self.fingerprint(got) == self.fingerprint(reference)
+        """ "exact": equal fingerprints only; "gemm": as many probabilities, each within the
+        tolerance, and the same segments."""
+        if not self.tolerance:
+            return self.fingerprint(got) == self.fingerprint(reference)
+        ours = np.asarray(got.probabilities, np.float32)
+        theirs = np.asarray(reference.probabilities, np.float32)
+        return (
+            ours.shape == theirs.shape
+            and _close(ours, theirs, self.tolerance)
+            and [(s.start, s.end) for s in got.segments]
+            == [(s.start, s.end) for s in reference.segments]
+        )
 
     def live(self, request: Any) -> tuple[Any, list[Any]] | None:
         """The audio as a live client sends it, 32 ms (512 samples) at a time, after an empty
@@ -120,8 +155,25 @@ class VadPlan:
         return VadRequest(np.zeros(0, np.float32), options=request.options), parts
 
     def batched_chunks_equal(self, got: Sequence[Any], reference: Sequence[Any]) -> bool:
-        """No tolerance: equal fingerprints only."""
-        return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)
+        """ "exact": equal fingerprints only; "gemm": the same chunks (index, start, events),
+        each probability within the tolerance."""
+        if not self.tolerance:
+            return self.chunks_fingerprint(got) == self.chunks_fingerprint(reference)
+
+        def marks(chunks: Sequence[Any]) -> list[Any]:
+            return [(c.index, c.start, [(e.kind, e.sample) for e in c.events]) for c in chunks]
+
+        return marks(got) == marks(reference) and _close(
+            np.array([c.probability for c in got], np.float64),
+            np.array([c.probability for c in reference], np.float64),
+            self.tolerance,
+        )
+
+
+def _close(got: np.ndarray, reference: np.ndarray, tolerance: float) -> bool:
+    """Every value within ``tolerance`` of its reference (NaN never is)."""
+    diff = np.abs(got.astype(np.float64) - reference.astype(np.float64))
+    return bool(np.all(diff <= tolerance))
 
 
 ENTRY = Family(
@@ -130,7 +182,7 @@ ENTRY = Family(
     task="vad",
     backend="backends.silero_vad",
     adapter=adapter,
-    load_options={"mode": MODES, "weights": ("safetensors", "onnx")},
+    load_options={"mode": MODES, "weights": ("safetensors", "onnx"), "batch_math": BATCH_MATHS},
     mode_option=True,
     embedded={},
     plan=VadPlan,

@@ -26,7 +26,9 @@ from server.validation.plans import FAIL, NOT_APPLICABLE, PASS, PENDING
 class GateProvider:
     """The production provider with failure injection (next load, next primary, next batched
     engine) and a load hold; for a ``batching`` model it also drives the batched engine and
-    counts what its steps carried (:attr:`widest_step`: the most members one step advanced)."""
+    counts what its joins and steps carried (:attr:`steps`, :attr:`widest_step`: the most
+    members one join or step took; an engine may advance its members in their join, as
+    silero_vad's does with no live member)."""
 
     def __init__(self, inner: ModelProvider) -> None:
         self.inner = inner
@@ -98,6 +100,8 @@ class GateProvider:
         return engine
 
     async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        self.steps += 1
+        self.widest_step = max(self.widest_step, len(members))
         return await self._batching().join(engine, members)
 
     async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:

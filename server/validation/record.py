@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -83,6 +83,7 @@ def manifest(gate: Gate) -> dict[str, Any]:
         "options": {
             "slots": gate.slots,
             "batching": gate.batching,
+            "load_options": dict(gate.load_options),
             "starts": gate.starts,
             "waves": gate.waves,
             "busy_timeout_ms": 600_000,
@@ -158,7 +159,7 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
         "M6": ["native batch mode is not admitted by this gate (NOT_APPLICABLE for batch)"],
     }
     if gate.batching:
-        for cid in ("M2", "M3", "M6"):
+        for cid in ("M1", "M2", "M3", "M6"):
             limits[cid].append(
                 "batched: outputs compared with unbatched references, exactly or within the "
                 f"family's declared batched tolerance ({gate.plan.batched_tolerance})"
@@ -193,6 +194,20 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
     return rows
 
 
+def check_load_options(family: str, options: Mapping[str, Any]) -> None:
+    """ValueError unless every option is one the family's loader accepts, with an allowed
+    value (its registry entry's ``load_options``, as the server's config checks them)."""
+    known = registry.family(family).load_options
+    for key, value in options.items():
+        if key not in known:
+            raise ValueError(
+                f"unknown load option {key!r} for family {family} (known: {', '.join(known)})"
+            )
+        allowed = known[key]
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"load option {key} must be one of {', '.join(allowed)}")
+
+
 def run_gate(
     family: str,
     slots: int,
@@ -201,18 +216,22 @@ def run_gate(
     make_provider: Callable[[], GateProvider] | None = None,
     reproduction: str = "",
     batching: bool = False,
+    load_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run M1-M6 for ``family`` at ``slots`` (BLAS at one thread); with ``batching``, the
-    model is registered with ``batching: true`` (its batched engine, ``slots`` members).
+    model is registered with ``batching: true`` (its batched engine, ``slots`` members);
+    ``load_options``: the model's (checked against the family's, ValueError otherwise).
 
     Returns the record's model half. ValueError for a family without a plan, or, with
     ``batching``, without a batched engine.
     """
     from threadpoolctl import threadpool_limits
 
+    options = dict(load_options or {})
     plan(family)  # ValueError for a family without a plan, before anything runs
     if batching and not registry.family(family).batching:
         raise ValueError(f"family {family!r} cannot batch across requests")
+    check_load_options(family, options)
     gate = Gate(
         family,
         slots,
@@ -220,6 +239,7 @@ def run_gate(
         waves,
         make_provider or (lambda: GateProvider(ThreadedProvider())),
         batching,
+        load_options=options,
     )
     t = time.perf_counter()
     with threadpool_limits(limits=1, user_api="blas"):
