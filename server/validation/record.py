@@ -10,7 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -96,6 +97,7 @@ def manifest(gate: Gate) -> dict[str, Any]:
         "blas": [
             {k: i.get(k) for k in ("internal_api", "version", "num_threads")}
             for i in threadpool_info()
+            if i.get("user_api") == "blas"  # not another library's OpenMP pool
         ],
     }
 
@@ -194,6 +196,21 @@ def model_record(gate: Gate, reproduction: str) -> list[dict[str, Any]]:
     return rows
 
 
+@contextmanager
+def one_share() -> Iterator[None]:
+    """The process's core share (:data:`backends.parallel.SHARE`) held at one for the block,
+    then cleared: a share an earlier runtime of this process left (its adaptive BLAS
+    threads set it) would otherwise put the BLAS back at that count whenever a split or a
+    one-thread section ends, under the gate's one-thread limit."""
+    from backends import parallel
+
+    parallel.SHARE.set_threads(1)
+    try:
+        yield
+    finally:
+        parallel.SHARE.set_threads(None)
+
+
 def check_load_options(family: str, options: Mapping[str, Any]) -> None:
     """ValueError unless every option is one the family's loader accepts, with an allowed
     value (its registry entry's ``load_options``, as the server's config checks them)."""
@@ -242,7 +259,7 @@ def run_gate(
         load_options=options,
     )
     t = time.perf_counter()
-    with threadpool_limits(limits=1, user_api="blas"):
+    with threadpool_limits(limits=1, user_api="blas"), one_share():
         anyio.run(gate.run)
         info = manifest(gate)
     rss = gate.monitor.rss
