@@ -45,6 +45,25 @@ class NumpyBackend(XpBackend):
         parallel.run_pieces(chunk, range(0, flat.size, _CHUNK))  # on the caller's cores
         return out.reshape(x.shape)
 
+    def matmul(self, a: Array, b: Array) -> Array:
+        """A few rows times a wide matrix (Whisper's vocabulary projection of a decoding
+        step: one row by a [384, 51864] embedding, 80 MB read per token) in column tiles
+        on the caller's share of the cores (:func:`_wide_product`); anything else as
+        numpy's ``matmul``."""
+        if (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.ndim == 2
+            and b.ndim == 2
+            and a.shape[0] <= _WIDE_ROWS
+            and a.shape[1] == b.shape[0]
+            and b.shape[1] >= 2 * _WIDE_TILE
+            and b.size >= _WIDE_ELEMENTS
+            and a.dtype == b.dtype == np.float32
+        ):
+            return _wide_product(a, b)
+        return super().matmul(a, b)
+
     # ---- layers (XpBackend checks the operands, these compute) ---------------
     def _conv1d(self, x: Array, w: Array, b: Array | None, s: shapes.ConvShape) -> Array:
         """Tiled im2col GEMMs (see the module function :func:`_conv1d`)."""
@@ -221,6 +240,37 @@ def _lstm_gate_scale(hid: int) -> np.ndarray:
 _CHUNK = 1 << 16  # elements per elementwise chunk (fits L2)
 _ATTENTION_BLOCK = 1 << 20  # score elements up to which attention runs as whole products
 _ATTENTION_TILE = 1 << 18  # score elements of one head's query tile (1 MB: L2)
+
+
+_WIDE_ROWS = 4
+"""Most rows of a product that :meth:`NumpyBackend.matmul` splits by columns. Up to here
+OpenBLAS computes a column tile exactly as the whole product (a matrix-vector kernel per
+row; measured bit for bit at 1 to 5 rows and tiles of 4,096 to 16,384 columns); from 8
+rows on a whole GEMM's blocking differs in the last bits."""
+
+_WIDE_TILE = 8192
+"""Columns of one tile of a wide product (a multiple of 4,096: OpenBLAS's own blocking)."""
+
+_WIDE_ELEMENTS = 1 << 22
+"""Fewest elements (16 MB) of the right operand for a column split: memory-bound products
+large enough that a second core's bandwidth pays for handing out tiles."""
+
+
+def _wide_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for a few rows ``a`` and a wide ``b``, in tiles of :data:`_WIDE_TILE` columns
+    taken one at a time by the caller's share of the cores, each on one BLAS thread
+    (:func:`backends.parallel.run_pieces`). The product reads all of ``b`` for a few
+    FLOPs a byte, so each core streams its own tiles; OpenBLAS's threaded matrix-vector
+    product waits for its slowest thread on every call. Every tile is computed alike
+    at any share (and equals the whole product up to :data:`_WIDE_ROWS` rows), so the
+    result does not depend on the share."""
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+
+    def tile(j: int) -> None:
+        np.matmul(a, b[:, j : j + _WIDE_TILE], out=out[:, j : j + _WIDE_TILE])
+
+    parallel.run_pieces(tile, range(0, b.shape[1], _WIDE_TILE))
+    return out
 
 
 _COLS_BYTES = 1 << 21
