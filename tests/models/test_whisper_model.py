@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,3 +123,35 @@ def test_decoder_step_equals_the_general_path_bit_for_bit() -> None:
                 assert a.length == b.length
                 assert all(np.array_equal(x, y) for x, y in zip(a.self_k, b.self_k, strict=True))
                 assert all(np.array_equal(x, y) for x, y in zip(a.self_v, b.self_v, strict=True))
+
+
+def test_a_decoding_step_runs_its_products_on_one_blas_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a share of two cores a one-member step holds the BLAS at one thread (its small
+    products lose on OpenBLAS's threads) and gives the share back after it."""
+    from threadpoolctl import ThreadpoolController
+
+    from backends import parallel
+
+    blas = ThreadpoolController().select(user_api="blas")
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    state = model.DecoderState(be, weights)
+    rng = np.random.default_rng(2)
+    state.set_memory(rng.standard_normal((1, 1500, weights.d_model), dtype=np.float32))
+    during: list[int] = []
+    step = model._step
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        during.append(int(blas.info()[0]["num_threads"]))
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(model, "_step", recorded)
+    parallel.SHARE.set_threads(2)
+    try:
+        model.decode(be, weights, state, np.asarray([[50257]], dtype=np.int64))
+        after = int(blas.info()[0]["num_threads"])
+    finally:
+        parallel.SHARE.set_threads(None)
+    assert during == [1] and after == 2
