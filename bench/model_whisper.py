@@ -8,17 +8,24 @@ drift on a shared machine hits all of them alike. ``rtf`` = compute time / audio
 duration; ``ratio`` = our median / the peer's (``cpu_*``: the same in process CPU
 time, robust to other load on a shared machine). ``--profile`` prints where our
 time goes (encoder, decoder layers, vocabulary projection, host-side rules).
-Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile]``.
+``--http`` adds ``voxpool-http``: one request at a time through a real, otherwise idle
+``voxpool serve`` (``threads: N``, one slot) on loopback, the fixture's WAV posted to
+``/v1/audio/transcriptions`` (HTTP, decoding and the server's runtime included); its
+CPU time is the server process's plus this client's.
+Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile] [--http]``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
+import tempfile
 import time
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,26 +61,84 @@ def _fixtures() -> list[tuple[str, np.ndarray]]:
 
 
 def _interleaved(
-    fns: dict[str, Callable[[], object]], repeats: int
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    other_cpu: dict[str, Callable[[], float]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) seconds per call of each function, alternating the order per pass.
 
-    CPU time (this process, all threads) is reported too: on a shared machine it is
-    far less sensitive to other load than wall time, and with one thread it is the
-    latency an idle machine would show.
+    CPU time (this process, all threads, plus ``other_cpu[name]()``'s difference: another
+    process working for that call) is reported too: on a shared machine it is far less
+    sensitive to other load than wall time, and with one thread it is the latency an
+    idle machine would show.
     """
     names = list(fns)
+    extra = other_cpu or {}
     for name in names:
         fns[name]()
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(repeats):
         for name in names if rep % 2 == 0 else names[::-1]:
+            o0 = extra[name]() if name in extra else 0.0
             w0, c0 = time.perf_counter(), time.process_time()
             fns[name]()
             wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.process_time() - c0)
+            c1 = time.process_time()
+            o1 = extra[name]() if name in extra else 0.0
+            cpu[name].append(c1 - c0 + o1 - o0)
     return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in names}
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def _served(threads: int) -> Iterator[tuple[Callable[[bytes], str], Callable[[], float]]]:
+    """A real ``voxpool serve`` (this model, one slot, ``threads`` BLAS threads a call): yields
+    (post a WAV and return the text, the server process's CPU seconds so far)."""
+    import httpx
+
+    from tests.server.live import LiveServer
+
+    logs = Path(tempfile.mkdtemp(prefix="voxpool-whisper-http-"))
+    family = "whisper"
+    config = {
+        "busy_timeout_ms": 0,
+        "threads": threads,
+        "models": [{"id": family, "family": family, "slots": 1}],
+    }
+    path = logs / f"whisper-{threads}.json"
+    path.write_text(json.dumps(config))
+    pinned = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = ""  # LiveServer pins 1 thread unless a value is named
+    try:
+        server = LiveServer(path, logs).start()
+    finally:
+        if pinned is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = pinned
+    assert server.proc is not None
+    pid = server.proc.pid
+    try:
+        with httpx.Client(base_url=server.url, timeout=600.0) as client:
+
+            def post(wav: bytes) -> str:
+                r = client.post(
+                    "/v1/audio/transcriptions",
+                    files={"file": ("a.wav", wav, "audio/wav")},
+                    data={"model": family},
+                )
+                r.raise_for_status()
+                return str(r.json()["text"])
+
+            yield post, lambda: _process_cpu(pid)
+    finally:
+        server.stop()
 
 
 def _peer(compute_type: str, threads: int) -> Any:
@@ -93,24 +158,33 @@ def _peer_run(model: Any, audio: np.ndarray) -> str:
     return "".join(s.text for s in segments)
 
 
-def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
-    """One row per (impl, fixture): median latency, RTF and our/peer ratio."""
+def bench(
+    threads: int = 1, repeats: int = 5, backend: str = "numpy", http: bool = False
+) -> list[dict[str, object]]:
+    """One row per (impl, fixture): median latency, RTF and our/peer ratio; ``http`` adds
+    ``voxpool-http`` (a request through ``voxpool serve``, see the module's docstring)."""
     ours = f"voxpool-{backend}"
     _use_repo_root()
     array_backend = _array_backend(backend)
     from backends.whisper import WhisperRequest, load_factory
 
     rows: list[dict[str, object]] = []
-    with blas_threads(threads):
+    with _served(threads) if http else _no_server() as served, blas_threads(threads):
         session = load_factory(array_backend).create()
         peers = {f"faster-whisper-{ct}": _peer(ct, threads) for ct in ("float32", "int8")}
         for name, audio in _fixtures():
             seconds = len(audio) / 16000
             request = WhisperRequest(audio)
             fns: dict[str, Callable[[], object]] = {ours: lambda r=request: session.run(r)}
+            other_cpu: dict[str, Callable[[], float]] = {}
+            if served is not None:
+                post, server_cpu = served
+                wav = _wav_bytes(name)
+                fns["voxpool-http"] = lambda p=post, b=wav: p(b)
+                other_cpu["voxpool-http"] = server_cpu
             for impl, model in peers.items():
                 fns[impl] = lambda m=model, a=audio: _peer_run(m, a)
-            medians = _interleaved(fns, repeats)
+            medians = _interleaved(fns, repeats, other_cpu)
             ours_wall, ours_cpu = medians[ours]
             for impl, (wall, cpu) in medians.items():
                 rows.append(
@@ -127,6 +201,17 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
                     }
                 )
     return rows
+
+
+@contextmanager
+def _no_server() -> Iterator[None]:
+    yield None
+
+
+def _wav_bytes(name: str) -> bytes:
+    """The fixture ``name``'s WAV file as it is stored."""
+    meta = {m["name"]: m for m in json.loads((DATA / "fixtures.json").read_text())}
+    return bytes((DATA / str(meta[name]["file"])).read_bytes())
 
 
 def profile(threads: int = 1, name: str = "recipe") -> dict[str, float]:
@@ -180,4 +265,4 @@ if __name__ == "__main__":
         for stage, sec in profile(n_threads).items():
             print(f"{stage:45s} {sec * 1e3:9.1f} ms")
     else:
-        _print_table(bench(n_threads))
+        _print_table(bench(n_threads, http="--http" in sys.argv))

@@ -1,12 +1,13 @@
 """The three model families against their reference runtimes, side by side, in one run.
 
-    python bench/models.py [--backend numpy|opencl|cuda] [--threads N] [--repeats N]
+    python bench/models.py [--backend numpy|opencl|cuda] [--threads N,...] [--repeats N]
                            [--only FAMILY_OR_TASK,...]
 
 Each family's bench (its registry entry's ``bench``, bench/model_*.py) measures
 our numpy backend and the peer (onnxruntime for silero_vad and piper,
 faster-whisper/ctranslate2 for whisper) on the same inputs with the same thread
-count, alternating runs; ``--only`` takes family names or tasks. This
+count, alternating runs; ``--only`` takes family names or tasks, ``--threads`` one
+count or several (one table each, with the load average before and after). This
 prints one table: median latency, real-time factor (compute time / audio
 duration) and our/peer ratio per input (goal <= 1.0; a reported figure).
 """
@@ -85,19 +86,40 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def thread_counts(text: str) -> list[int]:
+    """``--threads``: one count or several, comma-separated ("1,2")."""
+    counts = [int(part) for part in text.split(",") if part.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--threads: positive counts, not {text!r}")
+    return counts
+
+
+def _load() -> str:
+    """The 1-minute load average (a shared machine's figures need it), or "?"."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_counts, default=[1])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default=",".join(benches()))
     parser.add_argument("--backend", default="numpy", choices=["numpy", "opencl", "cuda"])
     args = parser.parse_args()
-    rows: list[dict[str, Any]] = []
-    for key in args.only.split(","):
-        module = load(bench_of(key.strip()))
-        rows.extend(module.bench(threads=args.threads, repeats=args.repeats, backend=args.backend))
-    print(f"backend={args.backend} threads={args.threads} repeats={args.repeats}")
-    print(table(with_ratios(rows)))
+    for threads in args.threads:
+        before = _load()
+        rows: list[dict[str, Any]] = []
+        for key in args.only.split(","):
+            module = load(bench_of(key.strip()))
+            rows.extend(module.bench(threads=threads, repeats=args.repeats, backend=args.backend))
+        print(
+            f"backend={args.backend} threads={threads} repeats={args.repeats} "
+            f"load={before}->{_load()}"
+        )
+        print(table(with_ratios(rows)))
     return 0
 
 
