@@ -436,6 +436,15 @@ class BatchScheduler(Generic[C]):
         record = self._slots[slot]
         return None if record.state is SlotState.FREE else record.handle
 
+    def active_handle(self, slot: int) -> SlotHandle | None:
+        """The handle of slot ``slot`` while its member is active (advances at every step)."""
+        record = self._slots[slot]
+        return record.handle if record.state is SlotState.ACTIVE else None
+
+    def active_members(self) -> int:
+        """How many members are active (joined, not stopped)."""
+        return len(self._active)
+
     def request_of(self, handle: SlotHandle) -> Hashable | None:
         """The request a valid handle belongs to."""
         slot = self._slot(handle)

@@ -28,10 +28,19 @@ only when their feed is ready; when every active member waits for input and
 nothing joins or finishes, the decode task sleeps until a push, a launch or an
 abort wakes it (no empty steps, no spinning). Each owner is woken only when its
 own member produced, ended or failed.
+
+What a step costs the event loop grows with the members that step, not with the
+slots: a push marks its member (the marks are the only members a step looks at,
+checked against the feed and the scheduler's state), the scheduler's plan is
+O(changes), and an owner is woken once per step however many chunks it got,
+reads them all with one :meth:`~core.batching.BatchScheduler.drain`, and parks
+on its slot (:class:`_Parking`: on trio the task itself, no event per wait).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -40,15 +49,13 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import trio
+import trio.lowlevel
 
 from core.batching import (
     BatchScheduler,
-    Chunk,
-    EndOfStream,
-    Failed,
     Idle,
     Launched,
-    NotReady,
     SlotHandle,
     SlotState,
     StaleHandle,
@@ -73,6 +80,71 @@ with its fixed cost) instead of a few large ones. At most this much latency is a
 
 class BatchMemberFailed(RuntimeError):
     """A member failed without an exception of its own (should not happen; kept for safety)."""
+
+
+class _Parking:
+    """Where each owner waits for its member's next chunks: at most one waiter per slot (its
+    owner), woken by the driver alone. A wake with nobody parked is a no-op: an owner parks
+    only after a drain found nothing, with no checkpoint in between."""
+
+    def __init__(self, size: int) -> None:
+        self._parked: list[Any] = [None] * size
+
+    async def wait(self, slot: int) -> None:
+        """Park the calling owner until :meth:`wake` (a checkpoint: cancellation lands here)."""
+        raise NotImplementedError
+
+    def wake(self, slot: int) -> None:
+        """Wake the owner parked on ``slot``, if any."""
+        raise NotImplementedError
+
+
+class _TrioParking(_Parking):
+    """trio: the owner's task is parked and rescheduled, as an event's wait is, with nothing
+    allocated per wait but its abort callback."""
+
+    async def wait(self, slot: int) -> None:
+        parked = self._parked
+        parked[slot] = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            parked[slot] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def wake(self, slot: int) -> None:
+        task = self._parked[slot]
+        if task is not None:
+            self._parked[slot] = None
+            trio.lowlevel.reschedule(task)
+
+
+class _FutureParking(_Parking):
+    """asyncio: the owner awaits a future of its own (what an event's wait does)."""
+
+    async def wait(self, slot: int) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._parked[slot] = future
+        try:
+            await future
+        finally:
+            if self._parked[slot] is future:
+                self._parked[slot] = None
+
+    def wake(self, slot: int) -> None:
+        future = self._parked[slot]
+        if future is not None:
+            self._parked[slot] = None
+            if not future.done():
+                future.set_result(None)
+
+
+def _parking(size: int) -> _Parking:
+    """The owners' parking for the running event loop."""
+    if trio.lowlevel.in_trio_run():
+        return _TrioParking(size)
+    return _FutureParking(size)
 
 
 class BatchDriver:
@@ -101,11 +173,14 @@ class BatchDriver:
         self._requests: dict[SlotHandle, Member] = {}
         self._errors: dict[SlotHandle, BaseException] = {}
         # by slot (one holder at a time: a slot is reused only after its owner released it):
-        # the epoch of the member the engine holds there (-1: none), a live member's feed,
-        # the event its owner waits on for its next chunk
+        # the epoch of the member the engine holds there (-1: none), a live member's feed
         self._in_engine: list[int] = [-1] * engine.max_batch
         self._feeds: list[Feed | None] = [None] * engine.max_batch
-        self._signals: list[anyio.Event | None] = [None] * engine.max_batch
+        self._parked: _Parking | None = None  # where owners wait (made in the event loop)
+        # the members that may advance at the next step: every active member that is not
+        # live or has input (a push marks it; a step drops the marks of those without)
+        self._marks: list[int] = []
+        self._marked = bytearray(engine.max_batch)
         self._progress = anyio.Event()
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
@@ -137,18 +212,20 @@ class BatchDriver:
         a live member, whose input the owner pushes while it runs (refused,
         before launching, by an engine that takes no live input).
         """
-        if feed is not None:
-            if not (isinstance(self.engine, LiveInputEngine) and self.engine.live_input):
-                raise InvalidRequestError(
-                    Reason.INVALID_STATE, f"model '{self.model}' takes no live input"
-                )
-            feed.on_push = self._poke
+        if feed is not None and not (
+            isinstance(self.engine, LiveInputEngine) and self.engine.live_input
+        ):
+            raise InvalidRequestError(
+                Reason.INVALID_STATE, f"model '{self.model}' takes no live input"
+            )
         launched = self.scheduler.launch(request_id=None, now=self.clock.now())
         if not isinstance(launched, Launched):
             # admission leases at most max_batch holders, so this is a bug
             self.violation(f"'{self.model}': batch launch refused with a slot leased")
             raise BatchMemberFailed(launched.message)
         handle = launched.handle
+        if feed is not None:
+            feed.on_push = functools.partial(self._pushed, handle.slot)
         self._requests[handle] = Member(handle.slot, request, stream, feed)
         self._feeds[handle.slot] = feed
         self._wake.set()
@@ -159,31 +236,35 @@ class BatchDriver:
                 await self._finish(handle)
 
     async def _chunks(self, handle: SlotHandle) -> AsyncIterator[Any]:
-        """The member's chunks as the owner reads them; cancellation (a client gone, a stream
+        """The member's chunks as the owner reads them: every queued chunk at each wake-up (a
+        failure first: its chunks are not delivered); cancellation (a client gone, a stream
         cancelled) lands between chunks, even among chunks one step queued at once (a chunk
         read after waiting needs no check: the wait was one)."""
+        parked = self._parking()
         waited = False
         while True:
-            got = self.scheduler.read(handle)
-            if isinstance(got, Chunk):
-                if not waited:
-                    await anyio.lowlevel.checkpoint_if_cancelled()
-                waited = False
-                yield got.data
-            elif isinstance(got, NotReady):
-                signal = self._signals[handle.slot]
-                if signal is None:
-                    signal = self._signals[handle.slot] = anyio.Event()
-                await signal.wait()
-                waited = True
-            elif isinstance(got, EndOfStream):
-                return
-            elif isinstance(got, Failed):
-                raise self._errors.pop(handle, None) or BatchMemberFailed(got.message)
-            else:
-                assert isinstance(got, StaleHandle)
+            got = self.scheduler.drain(handle)
+            if isinstance(got, StaleHandle):
                 self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
                 raise BatchMemberFailed("batch slot was reused before its owner released it")
+            if got.error is not None:
+                raise self._errors.pop(handle, None) or BatchMemberFailed(got.error)
+            if got.chunks:  # drain again after them: steps may have queued more meanwhile
+                for chunk in got.chunks:
+                    if not waited:
+                        await anyio.lowlevel.checkpoint_if_cancelled()
+                    waited = False
+                    yield chunk
+            elif got.ended:
+                return
+            else:  # nothing queued: a step's wake-up comes only to a parked owner
+                await parked.wait(handle.slot)
+                waited = True
+
+    def _parking(self) -> _Parking:
+        if self._parked is None:
+            self._parked = _parking(self.engine.max_batch)
+        return self._parked
 
     async def _finish(self, handle: SlotHandle) -> None:
         """Abort if still running, wait until the member left the engine, release the slot."""
@@ -196,7 +277,6 @@ class BatchDriver:
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
         self._feeds[handle.slot] = None
-        self._signals[handle.slot] = None
 
     def _live(self, handle: SlotHandle) -> bool:
         """Whether the member may still decode: the engine holds it, or it has not finished."""
@@ -271,10 +351,11 @@ class BatchDriver:
             joiners = [self._requests[h] for h in plan.join]
             for handle in plan.join:
                 self._in_engine[handle.slot] = handle.epoch
+                self._mark(handle.slot)
             emitted = await self._engine_call(plan.join, self.calls.join, joiners)
             await self._deliver(plan.join, emitted)
-        active, ready = self._advancing(plan)
-        if active and not (ready or plan.join or plan.finish):
+        ready = self._ready()
+        if not (ready or plan.join or plan.finish) and self.scheduler.active_members():
             return False
         self._record(plan, ready)
         if ready:
@@ -290,39 +371,47 @@ class BatchDriver:
         together. Cancellation (the driver stopping) may land here: nothing was done yet."""
         if plan.join or plan.finish or self.live_window <= 0:
             return
-        in_engine, feeds, state = self._in_engine, self._feeds, self.scheduler.state
-        some_ready = some_waiting = False
-        for handle in plan.advance:  # stops at the first of each kind: both are usually early
-            slot = handle.slot
-            if in_engine[slot] != handle.epoch or state(slot) is not SlotState.ACTIVE:
-                continue
-            feed = feeds[slot]
-            if feed is None or feed.ready:
-                some_ready = True
-            else:
-                some_waiting = True
-            if some_ready and some_waiting:
-                await self.clock.sleep_until(self.clock.now() + self.live_window)
-                return
+        ready = len(self._ready())
+        if 0 < ready < self.scheduler.active_members():
+            await self.clock.sleep_until(self.clock.now() + self.live_window)
 
-    def _advancing(self, plan: StepPlan) -> tuple[bool, tuple[SlotHandle, ...]]:
-        """Whether any of the plan's members is still active (in the engine, not stopped), and
-        those that can advance now: not live, or with input in their feed."""
-        in_engine, feeds, state = self._in_engine, self._feeds, self.scheduler.state
-        active = False
-        ready = []
-        for handle in plan.advance:
-            slot = handle.slot
-            if in_engine[slot] != handle.epoch or state(slot) is not SlotState.ACTIVE:
-                continue
-            active = True
+    def _ready(self) -> list[SlotHandle]:
+        """The members that can advance now, in slot order: active (joined, not stopped, in
+        the engine), and not live or with input in their feed. Only marked members are
+        looked at; the marks of the others are dropped (their next push marks them again)."""
+        marks, marked = self._marks, self._marked
+        if not marks:
+            return []
+        marks.sort()
+        active_handle, in_engine, feeds = self.scheduler.active_handle, self._in_engine, self._feeds
+        ready: list[SlotHandle] = []
+        for slot in marks:
+            handle = active_handle(slot)
             feed = feeds[slot]
-            if feed is None or feed.ready:
+            if (
+                handle is not None
+                and in_engine[slot] == handle.epoch
+                and (feed is None or feed.ready)
+            ):
                 ready.append(handle)
-        return active, tuple(ready)
+            else:
+                marked[slot] = 0
+        if len(ready) < len(marks):
+            self._marks = [h.slot for h in ready]
+        return ready
 
-    def _poke(self) -> None:
-        """A live member's owner pushed input (or closed its feed): wake the decode task."""
+    def _mark(self, slot: int) -> None:
+        """The member on ``slot`` may have something to do at the next step."""
+        if not self._marked[slot]:
+            self._marked[slot] = 1
+            self._marks.append(slot)
+
+    def _pushed(self, slot: int) -> None:
+        """A live member's owner pushed input (or closed its feed): mark the member and wake
+        the decode task."""
+        if not self._marked[slot]:
+            self._marked[slot] = 1
+            self._marks.append(slot)
         self._wake.set()
 
     def _record(self, plan: StepPlan, active: Sequence[SlotHandle]) -> None:
@@ -357,9 +446,10 @@ class BatchDriver:
     async def _deliver(self, handles: Sequence[SlotHandle], emitted: Sequence[Emitted]) -> None:
         """Queue each member's chunks; a failed member ends and leaves the engine at once."""
         failed: list[SlotHandle] = []
+        chunks_ready = self.scheduler.chunks_ready
         for handle, out in zip(handles, emitted, strict=True):
-            for chunk in out.chunks:
-                self.scheduler.chunk_ready(handle, chunk)
+            if out.chunks:
+                chunks_ready(handle, out.chunks)
             if out.error is not None:
                 self._errors[handle] = out.error
                 self.scheduler.member_failed(handle, str(out.error) or type(out.error).__name__)
@@ -381,11 +471,8 @@ class BatchDriver:
     def _notify(self, handles: Sequence[SlotHandle]) -> None:
         """Wake the owners of ``handles`` (their members produced, ended or failed) and
         whoever waits for any step (owners waiting for their member to leave)."""
-        signals = self._signals
+        wake = self._parking().wake
         for handle in handles:
-            signal = signals[handle.slot]
-            if signal is not None:
-                signals[handle.slot] = None
-                signal.set()
+            wake(handle.slot)
         self._progress.set()
         self._progress = anyio.Event()
