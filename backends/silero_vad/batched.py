@@ -16,8 +16,11 @@ forward (:meth:`SileroVadEngine._block`):
   16.4 s of audio) and its first block is taken in its join: a request alone costs what
   ``Session.run`` costs (which frames every window at once) plus one engine call per
   16 s of audio (under 1% of the forward's time), instead of one per 256 ms (2.1x the
-  session's time). A member arriving meanwhile waits at most one such block: 82-91 ms
-  ("exact") or 55-59 ms ("gemm") at one BLAS thread on a loaded 2-core machine;
+  session's time). A member arriving meanwhile waits for the engine call in progress,
+  which advances every member in the engine by its block: one member's block took
+  82-91 ms ("exact") or 55-59 ms ("gemm") at one BLAS thread on a loaded 2-core
+  machine, sixteen members' 930 ms / 485 ms (``bench/vad_block_wait.py``,
+  docs/performance.md);
 * with no live member, a stream member's block doubles from :data:`STEP_CHUNKS` with
   the chunks it processed (8 in its join, then 8, 16, 32, ... up to
   :data:`OFFLINE_STEP_CHUNKS`): its first chunks come out as early as before, and a
