@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends.silero_vad import SileroVadFactory, VadChunk, VadRequest, VadResult
+from backends.silero_vad import SileroVadFactory, VadChunk, VadRequest, VadResult, model
 from backends.silero_vad.batched import MATHS, OFFLINE_STEP_CHUNKS, STEP_CHUNKS
 from core.engine import Emitted, Feed, Member
 
@@ -184,3 +184,96 @@ def test_members_joining_together_share_the_join_forward(
     for key in (2, 3):
         assert seen[key][-1].done
         _same_chunks(_chunks(seen[key]), list(session.stream(requests[key][0])), exact)
+
+
+def test_a_failing_forward_in_the_join_fails_only_its_member(
+    factory: SileroVadFactory,
+    vad_clip: np.ndarray,
+    long_audio: np.ndarray,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The join's forward fails because of one joiner's window: that joiner fails alone; the
+    others (done in the join, or continuing in steps) equal their sessions."""
+    real_host, real_rows = model.host_encode, model.encode_all
+    poison = np.float32(0.123456)
+
+    def host_encode(weights: object, windows: np.ndarray) -> np.ndarray:
+        if (np.asarray(windows) == poison).any():
+            raise FloatingPointError("a poisoned window")
+        return real_host(weights, windows)  # type: ignore[arg-type]
+
+    def encode_all(be: object, weights: object, windows: np.ndarray) -> object:
+        host_encode(weights, windows)  # the same test, for the exact path
+        return real_rows(be, weights, windows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model, "host_encode", host_encode)
+    monkeypatch.setattr(model, "encode_all", encode_all)
+    bad = vad_clip.copy()
+    bad[1000] = poison
+    requests = [
+        (VadRequest(vad_clip), False),
+        (VadRequest(bad), False),
+        (VadRequest(long_audio), False),
+        (VadRequest(vad_clip), True),
+    ]
+    engine = factory.engine(4)
+    joined = engine.join([Member(k, r, s) for k, (r, s) in enumerate(requests)])
+    assert isinstance(joined[1].error, FloatingPointError)
+    assert [e.done for e in joined] == [True, False, False, False]
+    engine.leave(1)
+    seen = {k: [joined[k]] for k in (0, 2, 3)}
+    active = [2, 3]
+    while active:
+        for e in engine.step(active):
+            seen[e.key].append(e)
+            if e.done:
+                active.remove(e.key)
+    exact = factory.batch_math == "exact"
+    session = factory.create()
+    for key in (0, 2):
+        _same_result(_result(seen[key]), session.run(requests[key][0]), exact)
+    _same_chunks(_chunks(seen[3]), list(session.stream(requests[3][0])), exact)
+
+
+def test_a_member_that_leaves_between_offline_blocks_frees_its_key(
+    factory: SileroVadFactory, vad_clip: np.ndarray, long_audio: np.ndarray
+) -> None:
+    """Aborted after its first block (its join): a member joining under its key starts clean."""
+    engine = factory.engine(2)
+    (first,) = engine.join([Member(0, VadRequest(long_audio), False)])
+    assert first.error is None and not first.done
+    engine.leave(0)
+    request = VadRequest(vad_clip[:5000])
+    (again,) = engine.join([Member(0, request, False)])
+    _same_result(_result([again]), factory.create().run(request), factory.batch_math == "exact")
+
+
+def test_a_live_member_joining_bounds_a_doubling_stream(
+    factory: SileroVadFactory, vad_clip: np.ndarray, long_audio: np.ndarray
+) -> None:
+    """A stream's blocks double while it is alone; a live member joins: STEP_CHUNKS per step;
+    once it left, the blocks grow again from the chunks processed; the chunks equal the
+    session's stream."""
+    engine = factory.engine(2)
+    request = VadRequest(long_audio)
+    stream = engine.join([Member(0, request, True)])
+    for _ in range(4):
+        stream += engine.step([0])
+    assert [len(e.chunks) for e in stream] == [8, 8, 16, 32, 64]
+    feed = Feed()
+    live = engine.join([Member(1, VadRequest(np.zeros(0, np.float32)), True, feed)])
+    feed.push(vad_clip[:CHUNK])
+    feed.close()
+    ours, theirs = engine.step([0, 1])
+    stream.append(ours)
+    live.append(theirs)
+    assert len(ours.chunks) == STEP_CHUNKS and theirs.done
+    engine.leave(1)
+    stream += engine.step([0])
+    assert len(stream[-1].chunks) == 128 + STEP_CHUNKS  # as many as it processed
+    while not stream[-1].done:
+        stream += engine.step([0])
+    exact = factory.batch_math == "exact"
+    session = factory.create()
+    _same_chunks(_chunks(stream), list(session.stream(request)), exact)
+    _same_chunks(_chunks(live), list(session.stream(VadRequest(vad_clip[:CHUNK]))), exact)
