@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import collections
 import enum
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -228,6 +228,7 @@ class _Slot(Generic[C]):
     error: str | None = None
     handle: SlotHandle = _NO_HANDLE  # this epoch's, the one object every plan lists
     joined: int = 0  # the scheduler's step count when the member joined (while active)
+    nothing: Drained[C] | None = None  # what an empty drain says while the member runs
 
 
 _LIVE = (SlotState.ACTIVE, SlotState.STOPPED, SlotState.FINISHING)
@@ -294,9 +295,16 @@ class BatchScheduler(Generic[C]):
         slot = self._slot(handle)
         if slot is None:
             return StaleHandle(handle)
-        chunks = tuple(slot.chunks)
-        slot.chunks.clear()
-        return Drained(handle, chunks, slot.state is SlotState.FINISHED, slot.error)
+        queued = slot.chunks
+        if queued:
+            chunks = tuple(queued)
+            queued.clear()
+            return Drained(handle, chunks, slot.state is SlotState.FINISHED, slot.error)
+        if slot.state is SlotState.FINISHED or slot.error is not None:
+            return Drained(handle, (), slot.state is SlotState.FINISHED, slot.error)
+        if slot.nothing is None:  # one answer for every empty drain of a running member
+            slot.nothing = Drained(handle, (), False)
+        return slot.nothing
 
     def release(self, handle: SlotHandle) -> Released | Ignored | StaleHandle:
         """Return a finished slot to the back of the free list and bump its epoch.
@@ -389,6 +397,24 @@ class BatchScheduler(Generic[C]):
             return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
         slot.chunks.extend(chunks)
         return Ack(handle, slot.state, Reason.GRANTED)
+
+    def step_chunks(
+        self, deliveries: Iterable[tuple[SlotHandle, Sequence[C]]]
+    ) -> list[Ignored | StaleHandle]:
+        """:meth:`chunks_ready` for each ``(handle, chunks)`` of a step, in order; only the
+        refusals are returned (none when every member was decoding)."""
+        refused: list[Ignored | StaleHandle] = []
+        for handle, chunks in deliveries:
+            slot = self._slot(handle)
+            if slot is None:
+                refused.append(StaleHandle(handle))
+            elif slot.state not in _LIVE:
+                refused.append(
+                    Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+                )
+            else:
+                slot.chunks.extend(chunks)
+        return refused
 
     def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
         """The member hit its stop condition: it leaves the batch; its tail comes in the next

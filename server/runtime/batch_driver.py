@@ -91,11 +91,11 @@ class _Parking:
         self._parked: list[Any] = [None] * size
 
     async def wait(self, slot: int) -> None:
-        """Park the calling owner until :meth:`wake` (a checkpoint: cancellation lands here)."""
+        """Park the calling owner until it is woken (a checkpoint: cancellation lands here)."""
         raise NotImplementedError
 
-    def wake(self, slot: int) -> None:
-        """Wake the owner parked on ``slot``, if any."""
+    def wake(self, handles: Sequence[SlotHandle]) -> None:
+        """Wake the owners parked on the slots of ``handles``, if any."""
         raise NotImplementedError
 
 
@@ -103,21 +103,25 @@ class _TrioParking(_Parking):
     """trio: the owner's task is parked and rescheduled, as an event's wait is, with nothing
     allocated per wait but its abort callback."""
 
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self._aborts = [functools.partial(self._abort, slot) for slot in range(size)]
+
+    def _abort(self, slot: int, _: Any) -> trio.lowlevel.Abort:
+        self._parked[slot] = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
     async def wait(self, slot: int) -> None:
-        parked = self._parked
-        parked[slot] = trio.lowlevel.current_task()
+        self._parked[slot] = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._aborts[slot])
 
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            parked[slot] = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
-    def wake(self, slot: int) -> None:
-        task = self._parked[slot]
-        if task is not None:
-            self._parked[slot] = None
-            trio.lowlevel.reschedule(task)
+    def wake(self, handles: Sequence[SlotHandle]) -> None:
+        parked, reschedule = self._parked, trio.lowlevel.reschedule
+        for handle in handles:
+            task = parked[handle.slot]
+            if task is not None:
+                parked[handle.slot] = None
+                reschedule(task)
 
 
 class _FutureParking(_Parking):
@@ -132,12 +136,14 @@ class _FutureParking(_Parking):
             if self._parked[slot] is future:
                 self._parked[slot] = None
 
-    def wake(self, slot: int) -> None:
-        future = self._parked[slot]
-        if future is not None:
-            self._parked[slot] = None
-            if not future.done():
-                future.set_result(None)
+    def wake(self, handles: Sequence[SlotHandle]) -> None:
+        parked = self._parked
+        for handle in handles:
+            future = parked[handle.slot]
+            if future is not None:
+                parked[handle.slot] = None
+                if not future.done():
+                    future.set_result(None)
 
 
 def _parking(size: int) -> _Parking:
@@ -305,9 +311,9 @@ class BatchDriver:
                 while True:
                     plan = self.scheduler.poll(self.clock.now())
                     if isinstance(plan, StepPlan):
-                        await self._gather(plan)
+                        ready = await self._gather(plan)
                         with anyio.CancelScope(shield=True):
-                            did = await self._carry_out(plan)
+                            did = await self._carry_out(plan, ready)
                         if not did:  # live members only, none with new input
                             await self._idle(Idle())
                     else:
@@ -340,9 +346,10 @@ class BatchDriver:
                 await self.clock.sleep_until(plan.deadline)
                 tg.cancel_scope.cancel()
 
-    async def _carry_out(self, plan: StepPlan) -> bool:
+    async def _carry_out(self, plan: StepPlan, ready: list[SlotHandle] | None) -> bool:
         """Finish, join, step: the plan's commands, in that order. The step advances the
-        active members that are ready (a live member waits for input); False when there was
+        active members that are ready (a live member waits for input; ``ready``: those
+        :meth:`_gather` just found, when nothing happened since); False when there was
         nothing to do at all: nothing finished or joined and no active member was ready."""
         for finish in plan.finish:
             await self._leave(finish.handle)
@@ -354,7 +361,8 @@ class BatchDriver:
                 self._mark(handle.slot)
             emitted = await self._engine_call(plan.join, self.calls.join, joiners)
             await self._deliver(plan.join, emitted)
-        ready = self._ready()
+        if ready is None or plan.finish or plan.join:
+            ready = self._ready()
         if not (ready or plan.join or plan.finish) and self.scheduler.active_members():
             return False
         self._record(plan, ready)
@@ -365,15 +373,18 @@ class BatchDriver:
         self._notify((*(f.handle for f in plan.finish), *plan.join, *ready))
         return True
 
-    async def _gather(self, plan: StepPlan) -> None:
+    async def _gather(self, plan: StepPlan) -> list[SlotHandle] | None:
         """Before a step of live members only (nothing joins or finishes): once one is ready
         and another is not, wait :attr:`live_window` for the others' input, so that they step
-        together. Cancellation (the driver stopping) may land here: nothing was done yet."""
+        together. The ready members when it did not wait (None: look again). Cancellation
+        (the driver stopping) may land here: nothing was done yet."""
         if plan.join or plan.finish or self.live_window <= 0:
-            return
-        ready = len(self._ready())
-        if 0 < ready < self.scheduler.active_members():
+            return None
+        ready = self._ready()
+        if 0 < len(ready) < self.scheduler.active_members():
             await self.clock.sleep_until(self.clock.now() + self.live_window)
+            return None
+        return ready
 
     def _ready(self) -> list[SlotHandle]:
         """The members that can advance now, in slot order: active (joined, not stopped, in
@@ -446,10 +457,9 @@ class BatchDriver:
     async def _deliver(self, handles: Sequence[SlotHandle], emitted: Sequence[Emitted]) -> None:
         """Queue each member's chunks; a failed member ends and leaves the engine at once."""
         failed: list[SlotHandle] = []
-        chunks_ready = self.scheduler.chunks_ready
-        for handle, out in zip(handles, emitted, strict=True):
-            if out.chunks:
-                chunks_ready(handle, out.chunks)
+        pairs = list(zip(handles, emitted, strict=True))
+        self.scheduler.step_chunks([(handle, out.chunks) for handle, out in pairs if out.chunks])
+        for handle, out in pairs:
             if out.error is not None:
                 self._errors[handle] = out.error
                 self.scheduler.member_failed(handle, str(out.error) or type(out.error).__name__)
@@ -471,8 +481,6 @@ class BatchDriver:
     def _notify(self, handles: Sequence[SlotHandle]) -> None:
         """Wake the owners of ``handles`` (their members produced, ended or failed) and
         whoever waits for any step (owners waiting for their member to leave)."""
-        wake = self._parking().wake
-        for handle in handles:
-            wake(handle.slot)
+        self._parking().wake(handles)
         self._progress.set()
         self._progress = anyio.Event()

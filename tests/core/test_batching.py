@@ -451,3 +451,17 @@ def test_plans_share_one_advance_tuple_until_membership_changes() -> None:
     assert plan(s).advance == (a, c)
     assert s.handle_of(a.slot) is a  # one handle object per member
     assert (s.steps(a), s.steps(b), s.steps(c)) == (5, 4, 2)  # b kept its count
+
+
+def test_step_chunks_queues_a_step_and_returns_only_the_refusals() -> None:
+    s: BatchScheduler[str] = BatchScheduler(3, window=0.0)
+    a, b, c = launch(s, "a"), launch(s, "b"), launch(s, "c")
+    plan(s)
+    s.member_failed(b, "boom")
+    assert s.step_chunks([(a, ("a1", "a2")), (c, ("c1",))]) == []
+    refused = s.step_chunks([(a, ("a3",)), (b, ("b1",))])
+    assert [type(r) for r in refused] == [Ignored] and refused[0].handle == b
+    assert s.drain(a) == Drained(a, ("a1", "a2", "a3"), ended=False)
+    assert s.drain(c) == Drained(c, ("c1",), ended=False)
+    assert s.drain(b) == Drained(b, (), ended=True, error="boom")  # nothing queued after
+    assert s.drain(a) is s.drain(a) == Drained(a, (), ended=False)  # one empty answer
