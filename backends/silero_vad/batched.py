@@ -12,19 +12,20 @@ forward (:meth:`SileroVadEngine._block`):
 * while any live member is in the engine, every member's block is :data:`STEP_CHUNKS`
   (``model.STREAM_BLOCK`` = 8 chunks, 256 ms of audio, the block a streaming session
   encodes at once), so a step stays short and a live chunk waits at most one such step;
-* with no live member, a run member's block is :data:`OFFLINE_STEP_CHUNKS` (512 chunks,
-  16.4 s of audio) and its first block is taken in its join: a request alone costs what
-  ``Session.run`` costs (which frames every window at once) plus one engine call per
-  16 s of audio (under 1% of the forward's time), instead of one per 256 ms (2.1x the
-  session's time). A member arriving meanwhile waits for the engine call in progress,
-  which advances every member in the engine by its block: one member's block took
-  82-91 ms ("exact") or 55-59 ms ("gemm") at one BLAS thread on a loaded 2-core
-  machine, sixteen members' 930 ms / 485 ms (``bench/vad_block_wait.py``,
-  docs/performance.md);
+* with no live member, one engine call advances its members by at most
+  :data:`OFFLINE_STEP_CHUNKS` (512 chunks, 16.4 s of audio) in all, shared out among
+  them (at least :data:`STEP_CHUNKS` each): a run member alone takes all 512 and its
+  first block is taken in its join, so a request alone costs what ``Session.run``
+  costs (which frames every window at once) plus one engine call per 16 s of audio
+  (under 1% of the forward's time), instead of one per 256 ms (2.1x the session's
+  time). A member arriving meanwhile waits for the engine call in progress, which
+  carries about 512 chunks whatever the members (up to 64 of them; 8 chunks each
+  beyond): 82-91 ms ("exact") or 55-59 ms ("gemm") at one BLAS thread on a loaded
+  2-core machine (``bench/vad_block_wait.py``, docs/performance.md);
 * with no live member, a stream member's block doubles from :data:`STEP_CHUNKS` with
-  the chunks it processed (8 in its join, then 8, 16, 32, ... up to
-  :data:`OFFLINE_STEP_CHUNKS`): its first chunks come out as early as before, and a
-  long stream takes few steps.
+  the chunks it processed (8 in its join, then 8, 16, 32, ... up to its share of the
+  call): its first chunks come out as early as before, and a long stream takes few
+  steps.
 
 A member's results never depend on its blocks (the encoder runs window by window, the
 LSTM chunk by chunk), only the number of steps it takes does. The state rows of the
@@ -262,16 +263,19 @@ class SileroVadEngine:
         self._rows.clear()
         self._live = 0
 
-    def _block(self, row: _Row) -> int:
-        """The most chunks ``row`` advances in this step (see the module doc): live members
-        in the engine keep every block at :data:`STEP_CHUNKS`; otherwise a run member takes
-        up to :data:`OFFLINE_STEP_CHUNKS` and a stream member as many as it processed so far
-        (at least :data:`STEP_CHUNKS`, at most :data:`OFFLINE_STEP_CHUNKS`)."""
+    def _block(self, row: _Row, members: int) -> int:
+        """The most chunks ``row`` advances in this step, one of ``members`` that advance from
+        their rows (see the module doc): live members in the engine keep every block at
+        :data:`STEP_CHUNKS`; otherwise the call's :data:`OFFLINE_STEP_CHUNKS` are shared out
+        (at least :data:`STEP_CHUNKS` each): a run member takes its share, and a stream
+        member as many as it processed so far, at least :data:`STEP_CHUNKS`, at most its
+        share."""
         if self._live:
             return STEP_CHUNKS
+        share = max(STEP_CHUNKS, OFFLINE_STEP_CHUNKS // members)
         if not row.stream:
-            return OFFLINE_STEP_CHUNKS
-        return min(OFFLINE_STEP_CHUNKS, max(STEP_CHUNKS, row.done))
+            return share
+        return min(share, max(STEP_CHUNKS, row.done))
 
     # ---- internals ---------------------------------------------------------
     def _join_one(self, member: Member) -> Emitted:
@@ -347,7 +351,7 @@ class SileroVadEngine:
         rows = self._rows
         quick_keys = np.array([keys[i] for i in quick], np.intp)
         windows = self._frame_quick(quick_keys, counts, pieces)
-        blocks = [rows[keys[i]].windows[: self._block(rows[keys[i]])] for i in slow]
+        blocks = [rows[keys[i]].windows[: self._block(rows[keys[i]], len(slow))] for i in slow]
         sizes = [*counts, *(len(b) for b in blocks)]
         members = [keys[i] for i in (*quick, *slow)]
         probs, errors = self._forward(members, sizes, len(quick), windows, blocks)

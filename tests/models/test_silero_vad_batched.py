@@ -97,11 +97,15 @@ def test_all_members_together_equal_the_session(
         else:
             assert len(chunks) == 1
             _same_result(chunks[0], session.run(request))
-    # no live member: a run member is done in its join (the clip is one offline block); a
-    # stream's blocks double from 8 chunks (its join takes the first)
+    # no live member: a call's 512 chunks are shared out among its members (at least
+    # 512 // 5 each here), the join taking the first block; a stream's blocks double from 8
     chunks = -(-len(vad_clip) // 512)
     sizes = [len(e.chunks) for e in seen[0]]
-    assert sizes == ([1] if not stream else [8, 8, 16, 32, 64, 128, chunks - 256])
+    if stream:
+        assert sizes[:4] == [8, 8, 16, 32] and sum(sizes) == chunks
+    else:
+        assert len(sizes) <= -(-chunks // (512 // len(requests)))
+        assert sizes[-1] == 1 and not any(sizes[:-1])
 
 
 def test_members_join_mid_decode_and_keys_are_reused(

@@ -82,6 +82,39 @@ def test_a_run_member_alone_advances_an_offline_block_per_step(
     _same_result(_result(entries), factory.create().run(request), exact)
 
 
+@pytest.mark.parametrize("members", [2, 5, 64, 70])
+def test_offline_members_share_one_offline_block_per_call(
+    factory: SileroVadFactory, long_audio: np.ndarray, members: int
+) -> None:
+    """One call carries about OFFLINE_STEP_CHUNKS in all, whatever the members (a member
+    arriving meanwhile waits for one block's time, not one block per member): each run
+    member takes an equal share, at least STEP_CHUNKS; a stream member's doubling blocks
+    stop at its share. Every member still equals its session."""
+    share = max(STEP_CHUNKS, OFFLINE_STEP_CHUNKS // members)
+    engine = factory.engine(members)
+    requests = [VadRequest(long_audio) for _ in range(members)]
+    entries = {
+        e.key: [e] for e in engine.join([Member(k, r, k == 0) for k, r in enumerate(requests)])
+    }
+    assert len(entries[0][0].chunks) == STEP_CHUNKS  # a stream's first block
+    active = sorted(entries)
+    while active:
+        call_share = max(STEP_CHUNKS, OFFLINE_STEP_CHUNKS // len(active))
+        for e in engine.step(active):
+            entries[e.key].append(e)
+            assert len(e.chunks) <= call_share  # a stream's block stops at its share
+            if e.done:
+                active.remove(e.key)
+                engine.leave(e.key)
+    chunks = -(-len(long_audio) // CHUNK)
+    assert all(len(entries[k]) == -(-chunks // share) for k in range(1, members))
+    exact = factory.batch_math == "exact"
+    session = factory.create()
+    _same_chunks(_chunks(entries[0]), list(session.stream(requests[0])), exact)
+    for key in (1, members - 1):
+        _same_result(_result(entries[key]), session.run(requests[key]), exact)
+
+
 def test_a_short_run_member_alone_is_done_in_its_join(
     factory: SileroVadFactory, vad_clip: np.ndarray
 ) -> None:
@@ -211,7 +244,7 @@ def test_a_failing_forward_in_the_join_fails_only_its_member(
     bad = vad_clip.copy()
     bad[1000] = poison
     requests = [
-        (VadRequest(vad_clip), False),
+        (VadRequest(vad_clip[:16000]), False),  # 31 chunks: within its share of the join
         (VadRequest(bad), False),
         (VadRequest(long_audio), False),
         (VadRequest(vad_clip), True),
