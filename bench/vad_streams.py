@@ -34,7 +34,10 @@ runtime on one core's worth of BLAS threads while onnxruntime keeps ``--threads`
 ``--math exact,gemm`` runs our engine both ways; ``--loop asyncio`` on asyncio instead of
 trio, the server's event loop; ``--engine 150,600,1100`` first measures the engine alone,
 no runtime: that many live members stepped with one new chunk each, its CPU per chunk;
-``--zero-forward`` replaces our forward by zeros, leaving the runtime's own cost).
+``--zero-forward`` replaces our forward by zeros, leaving the runtime's own cost;
+``--feed-tick 1`` wakes the feeder at most once a millisecond, pushing every chunk due by
+then: a chunk may be pushed up to 1 ms late, which counts against us, and the feeder's
+timer per push, a cost of the bench rather than the runtime, goes).
 """
 
 from __future__ import annotations
@@ -110,11 +113,13 @@ def run_streams(
     loop: str = "trio",
     math: str = "exact",
     zero_forward: bool = False,
+    feed_tick: float = 0.0,
 ) -> dict[str, Any]:
     """``streams`` live 32 ms streams for ``seconds`` through the runtime on the event loop
     ``loop`` ("trio", the server's, or "asyncio"), the engine's products as ``math`` says
     (the ``batch_math`` load option); one table row. ``zero_forward``: the engine's forward
-    answers zeros at no cost (what is left is the runtime's and the engine's bookkeeping)."""
+    answers zeros at no cost (what is left is the runtime's and the engine's bookkeeping).
+    ``feed_tick``: the feeder sleeps at least this long (seconds) when it is ahead."""
     import anyio
 
     from backends.silero_vad import VadRequest
@@ -167,7 +172,7 @@ def run_streams(
                         at = due[i] + k * PERIOD
                         ahead = at - time.monotonic()  # trio's own clock has an offset
                         if ahead > 0:
-                            await anyio.sleep(ahead)
+                            await anyio.sleep(max(ahead, feed_tick))
                         lo = offsets[i] + k * CHUNK
                         feeds[i].push(audio[lo : lo + CHUNK])
                 for feed in feeds:
@@ -188,7 +193,7 @@ def run_streams(
         p50, p99, worst = _percentiles(latencies)
         return {
             "impl": f"voxpool runtime, {'zero forward' if zero_forward else math}, {loop}"
-            f" (threads {threads})",
+            f" (threads {threads}{f', feed tick {1e3 * feed_tick:g} ms' if feed_tick else ''})",
             "load": load,
             "streams": streams,
             "chunks timed": len(latencies),
@@ -322,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--zero-forward", action="store_true", help="our forward answers zeros at no cost"
     )
+    parser.add_argument(
+        "--feed-tick", type=float, default=0.0, help="ms: the feeder wakes at most this often"
+    )
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}", flush=True)
     ort_sizes = [int(x) for x in args.ort.split(",") if x]
@@ -338,7 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], flush=True)
         for products in args.math.split(",") if i < len(stream_counts) else ():
             row = run_streams(
-                stream_counts[i], args.seconds, ours, args.loop, products, args.zero_forward
+                stream_counts[i],
+                args.seconds,
+                ours,
+                args.loop,
+                products,
+                args.zero_forward,
+                args.feed_tick / 1e3,
             )
             rows.append(row)
             print(rows[-1], flush=True)
