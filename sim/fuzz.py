@@ -28,6 +28,7 @@ import random
 import time
 from collections.abc import Sequence
 
+import attrs
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis.errors import HypothesisException, NoSuchExample
 
@@ -59,38 +60,38 @@ def search(
     *,
     shrink_budget: float | None = None,
     batch: int = 200,
+    examples: int | None = None,
+    shrink_examples: int | None = None,
 ) -> Finding:
-    """Generate until a failure or ``budget`` seconds pass, then shrink it (``shrink_budget``
-    seconds at most).
+    """Generate until a failure, ``budget`` seconds or ``examples`` runs, then shrink it
+    (``shrink_budget`` seconds and ``shrink_examples`` runs at most).
 
-    Verdicts are cached per scenario, so Hypothesis sees one answer per example
-    even when the shrink budget runs out (then the smallest failure so far wins).
+    With a seed the examples drawn are the same in every process, so budgets in runs
+    make a search's outcome independent of the machine's speed (what the tests use);
+    budgets in seconds bound its time (what the CLI uses). Verdicts are cached per
+    scenario, so Hypothesis sees one answer per example even when a budget runs out
+    (then the smallest failure so far wins).
     """
     start = time.monotonic()
-    stop_generating = start + budget
-    shrink_for = budget / 2 if shrink_budget is None else shrink_budget
-    first: list[float] = []
-    found_after: list[int] = []
+    budgets = _Budgets(
+        generate_until=start + budget,
+        shrink_for=budget / 2 if shrink_budget is None else shrink_budget,
+        generate_runs=examples,
+        shrink_runs=shrink_examples,
+    )
     verdicts: dict[str, bool] = {}
     best: list[Scenario] = []
-    examples = 0
 
     def fails(s: Scenario) -> bool:
-        nonlocal examples
         key = repr(s)
         if key in verdicts:
             return verdicts[key]
-        now = time.monotonic()
-        if (not first and now > stop_generating) or (first and now > first[0] + shrink_for):
-            return False  # out of time: not run, not cached
-        examples += 1
+        if budgets.spent():
+            return False  # out of budget: not run, not cached
         verdict = verdicts[key] = bool(check(s, mutant)[0])
-        if verdict:
-            if not first:
-                first.append(time.monotonic())
-                found_after.append(examples)
-            if not best or _size(s) < _size(best[0]):
-                best[:] = [s]
+        budgets.ran(verdict)
+        if verdict and (not best or _size(s) < _size(best[0])):
+            best[:] = [s]
         return verdict
 
     rng = random.Random(seed)
@@ -101,16 +102,53 @@ def search(
         phases=[Phase.generate, Phase.shrink],
         suppress_health_check=list(HealthCheck),
     )
-    while time.monotonic() < stop_generating and not best:
+    while not best and not budgets.spent():
         with contextlib.suppress(NoSuchExample, HypothesisException):
             find(scenarios(), fails, settings=config, random=random.Random(rng.getrandbits(64)))
     if not best:
-        return Finding(None, [], examples, None, time.monotonic() - start)
+        return Finding(None, [], budgets.runs, None, time.monotonic() - start)
     shrunk = best[0]
     failures, _ = check(shrunk, mutant)
+    assert budgets.found_at is not None and budgets.found_after is not None
     return Finding(
-        shrunk, failures, examples, first[0] - start, time.monotonic() - start, found_after[0]
+        shrunk,
+        failures,
+        budgets.runs,
+        budgets.found_at - start,
+        time.monotonic() - start,
+        budgets.found_after,
     )
+
+
+@attrs.define
+class _Budgets:
+    """What a search may still spend: before the first failure it generates (until a
+    time and, optionally, a number of runs); after it, it shrinks (for a time and,
+    optionally, a number of runs)."""
+
+    generate_until: float
+    shrink_for: float
+    generate_runs: int | None
+    shrink_runs: int | None
+    runs: int = 0
+    found_at: float | None = None  # monotonic time of the first failure
+    found_after: int | None = None  # runs up to and including the first failure
+
+    def spent(self) -> bool:
+        """Whether the phase the search is in has used its budget."""
+        if self.found_at is None or self.found_after is None:
+            over_runs = self.generate_runs is not None and self.runs >= self.generate_runs
+            return over_runs or time.monotonic() > self.generate_until
+        shrinking = self.runs - self.found_after
+        over_runs = self.shrink_runs is not None and shrinking >= self.shrink_runs
+        return over_runs or time.monotonic() > self.found_at + self.shrink_for
+
+    def ran(self, failed: bool) -> None:
+        """Count one run; the first failing one ends the generation phase."""
+        self.runs += 1
+        if failed and self.found_at is None:
+            self.found_at = time.monotonic()
+            self.found_after = self.runs
 
 
 def _size(s: Scenario) -> tuple[int, int, str]:
