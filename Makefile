@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/voxpool serve --parallel-jobs
 
+# The suite's files run on up to four worker processes (one per core; a file stays on one
+# worker, so its module fixtures start once): TEST_JOBS=0 runs them all in pytest's own process.
+TEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
