@@ -179,6 +179,19 @@ class LiveInputEngine(BatchEngine, Protocol):
 
 
 @runtime_checkable
+class OwnWindowEngine(BatchEngine, Protocol):
+    """A :class:`BatchEngine` that says how long its batch waits for simultaneous arrivals
+    when nothing runs (the scheduler's collection window; an engine without this property
+    gets the runtime's default)."""
+
+    @property
+    def collection_window(self) -> float:
+        """Seconds to wait, once the first member is pending and nothing runs, for others
+        to start with it (0: a member starts at once)."""
+        ...
+
+
+@runtime_checkable
 class BatchingFactory(Protocol):
     """A session factory whose family can also batch across requests."""
 

@@ -186,6 +186,13 @@ class SileroVadEngine:
         """Live members (a :class:`~core.engine.Feed`) are welcome (see the module doc)."""
         return True
 
+    @property
+    def collection_window(self) -> float:
+        """None: a member starts at once. Members that join together gain little (a joiner
+        advances its first block in its join, one forward each way), and a request alone
+        would wait the whole window: 2 ms, a seventh of a 3.5 s file's time."""
+        return 0.0
+
     def join(self, members: Sequence[Member]) -> list[Emitted]:
         """Validate and frame each member; one with no chunk at all is done at once.
 

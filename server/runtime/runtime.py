@@ -30,7 +30,7 @@ import anyio.lowlevel
 import attrs
 
 from core.admission import Granted, Queued, Rejected, RetryAfter, Wakeups
-from core.engine import Feed
+from core.engine import Feed, OwnWindowEngine
 from core.events import Reason, TraceRecord
 from core.lease import Lease
 from core.lifecycle import Proceed, StartLoad, WaitLoad
@@ -46,7 +46,7 @@ from core.pool import (
 from core.recorder import Core
 from core.registry import ModelStatus, Registered
 from core.residency import Eviction, RoomDecision
-from server.runtime.batch_driver import BatchDriver
+from server.runtime.batch_driver import COLLECTION_WINDOW_S, BatchDriver
 from server.runtime.errors import BusyError, InvalidRequestError, LoadError, NotFoundError
 from server.runtime.management import BulkResult, Management
 from server.runtime.phases import Phases
@@ -481,6 +481,9 @@ class Runtime:
             self.clock,
             violation=self.violations.append,
             trace=self.trace,
+            window=engine.collection_window
+            if isinstance(engine, OwnWindowEngine)
+            else COLLECTION_WINDOW_S,
         )
         assert self._tg is not None
         await self._tg.start(driver.serve)

@@ -18,6 +18,7 @@ import pytest
 from core.engine import BatchEngine, Emitted
 from core.pool import Session, SessionFactory
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
+from server.runtime.batch_driver import COLLECTION_WINDOW_S
 from server.runtime.errors import LoadError
 from server.runtime.ports import SystemClock
 from sim.fakes import FakeEngine, FakeProvider, FakeRunError, FakeScript
@@ -219,3 +220,33 @@ async def test_a_provider_that_cannot_batch_fails_the_load_cleanly() -> None:
         assert rt.status_of("m").active_slots == 0
     assert inner.live_sessions.get("m", 0) == 0
     assert inner.live_weights.get("m", 0) == 0
+
+
+class NoWindowEngine(FakeEngine):
+    """A fake engine that declares no collection window (as Silero VAD's does)."""
+
+    @property
+    def collection_window(self) -> float:
+        return 0.0
+
+
+class NoWindowProvider(FakeProvider):
+    def __init__(self) -> None:
+        super().__init__(SystemClock(), {"m": FakeScript(load_time=0.0, create_time=0.0)})
+
+    async def engine(self, factory: Any, max_batch: int) -> BatchEngine:
+        fake = await super().engine(factory, max_batch)
+        assert isinstance(fake, FakeEngine)
+        return NoWindowEngine(fake.model, fake.script, fake.weights, max_batch, fake.problem)
+
+
+async def test_an_engine_may_declare_its_own_collection_window() -> None:
+    """The scheduler waits the engine's window for simultaneous arrivals (none: a request
+    alone starts at once); an engine that declares none gets the runtime's default."""
+    for provider, window in (
+        (NoWindowProvider(), 0.0),
+        (FakeProvider(SystemClock(), {"m": FakeScript()}), COLLECTION_WINDOW_S),
+    ):
+        async with runtime(provider) as rt:
+            assert (await rt.run("m", {"duration": 0.0}))["batch_slot"] == 0
+            assert rt.drivers["m"].scheduler.window == window
