@@ -46,8 +46,17 @@ class _Blas:
         return int(self._controllers[0].num_threads)
 
     def set_num_threads(self, n: int) -> None:
+        """Sets every BLAS's count from whichever thread calls. threadpoolctl 3.8 lets only
+        the first thread that set OpenBLAS's (pthreads) count set it again and silently
+        ignores the others: in ``voxpool serve`` the main thread sets it at start-up
+        (``cmd_serve.limit_blas_threads``), so a split in a session's worker thread left
+        its pieces on two BLAS threads each (Whisper's encoder attention, 2 threads:
+        172-218 ms a call from a worker thread against 35 from the main thread). The
+        count is :data:`SHARE`'s to set, under its lock, so the library's own setter is
+        called where threadpoolctl has one (``_real_set_num_threads``)."""
         for controller in self._controllers:
-            controller.set_num_threads(n)
+            setter = getattr(controller, "_real_set_num_threads", None)
+            (setter if callable(setter) else controller.set_num_threads)(n)
 
 
 def _blas_controller() -> _Blas | None:

@@ -192,3 +192,27 @@ def test_wide_products_split_by_columns_give_the_whole_products_bits() -> None:
                     assert np.array_equal(np.asarray(be.matmul(a, wide)), whole), (rows, n)
     finally:
         parallel.SHARE.share = original  # type: ignore[method-assign]
+
+
+def test_a_split_in_another_thread_holds_the_real_blas_at_one_thread() -> None:
+    """threadpoolctl lets only the thread that first set OpenBLAS's count set it again: the
+    server's main thread sets it at start-up, its sessions run in worker threads. A split
+    started in a worker thread still holds the BLAS at one thread for its pieces and gives
+    the count back."""
+    from threadpoolctl import ThreadpoolController, threadpool_limits
+
+    blas = ThreadpoolController().select(user_api="blas").lib_controllers[0]
+    share = CoreShare()
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def piece(i: int) -> None:
+        with lock:
+            seen.append(int(blas.num_threads))
+
+    with threadpool_limits(limits=2, user_api="blas"):  # the main thread takes control
+        worker = threading.Thread(target=share.run, args=(piece, range(4)))
+        worker.start()
+        worker.join()
+        after = int(blas.num_threads)
+    assert seen == [1, 1, 1, 1] and after == 2
