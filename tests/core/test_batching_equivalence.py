@@ -156,14 +156,22 @@ class SameDecisions(RuleBasedStateMachine):
         assert isinstance(got, Launched) and got.handle == expected
         self.handles.append(expected)
 
-    @rule()
-    def poll(self) -> None:
+    @rule(at_once=st.booleans())
+    def poll(self, at_once: bool) -> None:
         got = self.s.poll(self.now)
         assert got == self.ref.poll(self.now)
-        if isinstance(got, StepPlan):  # the finish decisions, carried out at once
+        if isinstance(got, StepPlan) and at_once:  # the finish decisions, carried out at once
             for f in got.finish:
                 self.s.tail_done(f.handle)
                 self.ref.tail_done(f.handle)
+
+    @precondition(lambda self: bool(self.handles))
+    @rule(data=st.data())
+    def tail_done(self, data: st.DataObject) -> None:
+        """A finish carried out later: owners' events may land while the member is finishing."""
+        h = data.draw(st.sampled_from(self.handles))
+        self.s.tail_done(h)
+        self.ref.tail_done(h)
 
     @precondition(lambda self: bool(self.handles))
     @rule(data=st.data(), event=st.sampled_from(("finished", "failed", "abort", "release")))
@@ -195,6 +203,15 @@ class SameDecisions(RuleBasedStateMachine):
             )
             assert self.s.steps(h) == expected
         assert self.s.free_slots() == tuple(self.ref.free)
+        assert self.s.pending() == tuple(
+            SlotHandle(i, self.ref.slots[i].epoch) for i in self.ref.pending
+        )
+        active = [i for i, slot in enumerate(self.ref.slots) if slot.state is SlotState.ACTIVE]
+        assert self.s.active_members() == len(active)
+        for index, slot in enumerate(self.ref.slots):
+            live = None if slot.state is SlotState.FREE else SlotHandle(index, slot.epoch)
+            assert self.s.handle_of(index) == live
+            assert self.s.active_handle(index) == (live if index in active else None)
 
 
 SameDecisions.TestCase.settings = settings(max_examples=300, stateful_step_count=50, deadline=None)
