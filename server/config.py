@@ -483,14 +483,23 @@ def load_config(path: str | Path, *, runtime: RuntimeKind = RuntimeKind.PARALLEL
 
 def embedded_default(runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:
     """The bundled models on numpy, lazily loaded, on 127.0.0.1:8080: one per registered family
-    with an ``embedded`` model, its id the family's name."""
+    with an ``embedded`` model, its id the family's name; 2 slots each on the parallel runtime
+    unless the family's embedded model says otherwise (Silero VAD: a batching model of 32
+    engine rows, so live VAD works out of the box)."""
     parallel = runtime is RuntimeKind.PARALLEL
     models: list[dict[str, Any]] = [
         {"id": e.name, "family": e.name, **e.embedded}
         for e in registry.entries()
         if e.embedded is not None
     ]
-    if parallel:
-        for m in models:
-            m["slots"] = 2
+    for m in models:
+        if parallel:
+            m.setdefault("slots", 2)  # a family's embedded model may set its own
+        else:  # the original runtime: one session per model, no batching
+            for key in PARALLEL_ONLY:
+                m.pop(key, None)
     return parse_config({"models": models, "lazy_load": True}, runtime=runtime)
+
+
+PARALLEL_ONLY = ("slots", "batching")
+"""Model keys the embedded default drops on the original runtime."""

@@ -188,7 +188,7 @@ class SileroVadEngine:
 
     @property
     def collection_window(self) -> float:
-        """None: a member starts at once. Members that join together gain little (a joiner
+        """0: a member starts at once. Members that join together gain little (a joiner
         advances its first block in its join, one forward each way), and a request alone
         would wait the whole window: 2 ms, a seventh of a 3.5 s file's time."""
         return 0.0

@@ -176,6 +176,10 @@ def _close(got: np.ndarray, reference: np.ndarray, tolerance: float) -> bool:
     return bool(np.all(diff <= tolerance))
 
 
+EMBEDDED_ROWS = 32
+"""The embedded default's engine rows: concurrent VAD requests and live streams (a 2-core
+machine sustains about 150-200 live streams; docs/performance.md)."""
+
 ENTRY = Family(
     name=NAME,
     batching=True,
@@ -184,7 +188,9 @@ ENTRY = Family(
     adapter=adapter,
     load_options={"mode": MODES, "weights": ("safetensors", "onnx"), "batch_math": BATCH_MATHS},
     mode_option=True,
-    embedded={},
+    # batched: live streams (/v1/audio/vad/live) need it, and a request alone costs what a
+    # session's does (docs/performance.md, "One offline VAD request alone")
+    embedded={"batching": True, "slots": EMBEDDED_ROWS},
     plan=VadPlan,
     weights=weights,
     run_request=run_request,

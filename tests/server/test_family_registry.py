@@ -225,3 +225,14 @@ def test_each_bundled_entry_is_complete(entry: Family) -> None:
     assert set(entry.modes) <= {"offline", "streaming"}
     assert bool(entry.voices) == (entry.task == "tts")
     assert entry.path_option is None or entry.path_option in entry.load_options
+
+
+def test_the_embedded_default_batches_vad_on_the_parallel_runtime_only() -> None:
+    """Live VAD works out of the box with --parallel-jobs; the original runtime (one session
+    per model, no slots) gets no parallel-only key."""
+    from core.policy import RuntimeKind
+
+    vad = {m.id: m for m in embedded_default().models}["silero_vad"]
+    assert vad.batching and vad.slots == 32
+    original = embedded_default(RuntimeKind.ORIGINAL).models
+    assert all(not m.batching and m.slots == 1 for m in original)

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import pytest
 
+from server.config import embedded_default
 from tests.ci import skip_or_fail
 from tests.server.gated import HANG_GUARD_S, GatedServer, serving, wait_until
 from tests.server.live import HELLO_WAV, LiveServer, in_thread
@@ -59,10 +60,18 @@ CONFIG = {
     "models": [
         {"id": "piper", "family": "piper", "mode": "streaming", "slots": 2},
         {"id": "whisper", "family": "whisper", "slots": 2},
-        {"id": "silero_vad", "family": "silero_vad", "slots": 2},
+        {"id": "silero_vad", "family": "silero_vad", "slots": 32, "batching": True},
     ]
 }
-"""The embedded default of ``voxpool serve --parallel-jobs``: three models, two slots each."""
+"""The embedded default of ``voxpool serve --parallel-jobs`` (checked below): three models,
+two slots each for piper and whisper, silero_vad batched on 32 engine rows."""
+
+
+def test_the_config_is_the_embedded_default() -> None:
+    models = [(m.id, m.family, m.slots, m.batching) for m in embedded_default().models]
+    assert models == [
+        (m["id"], m["family"], m["slots"], m.get("batching", False)) for m in CONFIG["models"]
+    ]
 
 
 def browser_or_skip() -> tuple[str, str]:
