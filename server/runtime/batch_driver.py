@@ -90,6 +90,13 @@ class _Parking:
     def __init__(self, size: int) -> None:
         self._parked: list[Any] = [None] * size
 
+    def _claim(self, slot: int) -> None:
+        """Refuse a second waiter on ``slot``: one owner per slot is what makes a slot's
+        shared abort (trio) safe, and two would mean a slot reused while its old owner
+        still reads (a runtime bug, never a client's)."""
+        if self._parked[slot] is not None:
+            raise RuntimeError(f"batch slot {slot}: an owner is already waiting on it")
+
     async def wait(self, slot: int) -> None:
         """Park the calling owner until it is woken (a checkpoint: cancellation lands here)."""
         raise NotImplementedError
@@ -112,6 +119,7 @@ class _TrioParking(_Parking):
         return trio.lowlevel.Abort.SUCCEEDED
 
     async def wait(self, slot: int) -> None:
+        self._claim(slot)
         self._parked[slot] = trio.lowlevel.current_task()
         await trio.lowlevel.wait_task_rescheduled(self._aborts[slot])
 
@@ -128,6 +136,7 @@ class _FutureParking(_Parking):
     """asyncio: the owner awaits a future of its own (what an event's wait does)."""
 
     async def wait(self, slot: int) -> None:
+        self._claim(slot)
         future = asyncio.get_running_loop().create_future()
         self._parked[slot] = future
         try:

@@ -225,3 +225,28 @@ async def test_an_owner_parked_with_nothing_to_read_leaves_and_frees_its_slot() 
         await until(lambda: owners.ended[1])
     assert rt.status_of("m").active_slots == 0
     assert provider.live is not None and provider.live.feeds == {}
+
+
+async def test_a_second_owner_waiting_on_one_slot_is_refused() -> None:
+    """One owner per slot (what makes trio's shared abort per slot safe): a second waiter on
+    the same slot is a runtime bug, refused at once; the first still wakes, another slot's
+    waiter is unaffected."""
+    from core.batching import SlotHandle
+    from server.runtime.batch_driver import _parking
+
+    parking = _parking(2)
+    woken: list[int] = []
+
+    async def owner(slot: int) -> None:
+        await parking.wait(slot)
+        woken.append(slot)
+
+    with anyio.fail_after(HANG_GUARD_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(owner, 0)
+            tg.start_soon(owner, 1)
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(RuntimeError, match="already waiting"):
+                await parking.wait(0)
+            parking.wake([SlotHandle(0, 0), SlotHandle(1, 0)])
+    assert sorted(woken) == [0, 1]
