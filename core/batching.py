@@ -379,13 +379,7 @@ class BatchScheduler(Generic[C]):
 
     def chunk_ready(self, handle: SlotHandle, data: C) -> Ack | Ignored | StaleHandle:
         """Queue a decoded chunk (or the tail) for the owner; only while the member is live."""
-        slot = self._slot(handle)
-        if slot is None:
-            return StaleHandle(handle)
-        if slot.state not in _LIVE:
-            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
-        slot.chunks.append(data)
-        return Ack(handle, slot.state, Reason.GRANTED)
+        return self.chunks_ready(handle, (data,))
 
     def chunks_ready(self, handle: SlotHandle, chunks: Sequence[C]) -> Ack | Ignored | StaleHandle:
         """Queue several chunks of one member at once, in order (:meth:`chunk_ready` for each,

@@ -65,3 +65,30 @@ def whisper_pcm() -> np.ndarray:
     """:data:`WHISPER_CLIP`'s samples (int16)."""
     with wave.open(str(WHISPER_CLIP)) as f:
         return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2").copy()
+
+
+POISON = 0.123456
+"""A sample value :func:`poisoned_forward` makes Silero VAD's forward fail on."""
+
+
+@pytest.fixture
+def poisoned_forward(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Silero VAD's encoders (the GEMM path and the exact row path) raise on any window
+    holding :data:`POISON`; returns that value (as float32) for the test to plant."""
+    from backends.silero_vad import model
+
+    real_host, real_rows = model.host_encode, model.encode_all
+    poison = np.float32(POISON)
+
+    def host_encode(weights: Any, windows: np.ndarray) -> np.ndarray:
+        if (np.asarray(windows) == poison).any():
+            raise FloatingPointError("a poisoned window")
+        return real_host(weights, windows)
+
+    def encode_all(be: Any, weights: Any, windows: np.ndarray) -> Any:
+        host_encode(weights, windows)  # the same test, for the exact path
+        return real_rows(be, weights, windows)
+
+    monkeypatch.setattr(model, "host_encode", host_encode)
+    monkeypatch.setattr(model, "encode_all", encode_all)
+    return float(poison)

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends.silero_vad import SileroVadFactory, VadChunk, VadRequest, VadResult, model
-from backends.silero_vad.batched import MATHS, OFFLINE_STEP_CHUNKS, STEP_CHUNKS
+from backends.silero_vad import SileroVadFactory, VadChunk, VadRequest, VadResult
+from backends.silero_vad.batched import MATHS, OFFLINE_STEP_CHUNKS, STEP_CHUNKS, SileroVadEngine
 from core.engine import Emitted, Feed, Member
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,6 +63,18 @@ def _result(entries: Sequence[Emitted]) -> VadResult:
     (result,) = entries[-1].chunks
     assert isinstance(result, VadResult)
     return result
+
+
+def _step_until_done(
+    engine: SileroVadEngine, seen: dict[int, list[Emitted]], active: list[int]
+) -> None:
+    """Step the ``active`` keys together until each is done, adding what each emitted to
+    ``seen``."""
+    while active:
+        for e in engine.step(active):
+            seen[e.key].append(e)
+            if e.done:
+                active.remove(e.key)
 
 
 def _chunks(entries: Sequence[Emitted]) -> list[VadChunk]:
@@ -204,12 +216,7 @@ def test_members_joining_together_share_the_join_forward(
     assert [e.done for e in joined] == [True, False, False, True]
     assert len(joined[2].chunks) == STEP_CHUNKS
     seen = {k: [e] for k, e in enumerate(joined)}
-    active = [1, 2]
-    while active:
-        for e in engine.step(active):
-            seen[e.key].append(e)
-            if e.done:
-                active.remove(e.key)
+    _step_until_done(engine, seen, [1, 2])
     exact = factory.batch_math == "exact"
     session = factory.create()
     for key in (0, 1):
@@ -223,24 +230,11 @@ def test_a_failing_forward_in_the_join_fails_only_its_member(
     factory: SileroVadFactory,
     vad_clip: np.ndarray,
     long_audio: np.ndarray,
-    monkeypatch: pytest.MonkeyPatch,
+    poisoned_forward: float,
 ) -> None:
     """The join's forward fails because of one joiner's window: that joiner fails alone; the
     others (done in the join, or continuing in steps) equal their sessions."""
-    real_host, real_rows = model.host_encode, model.encode_all
-    poison = np.float32(0.123456)
-
-    def host_encode(weights: object, windows: np.ndarray) -> np.ndarray:
-        if (np.asarray(windows) == poison).any():
-            raise FloatingPointError("a poisoned window")
-        return real_host(weights, windows)  # type: ignore[arg-type]
-
-    def encode_all(be: object, weights: object, windows: np.ndarray) -> object:
-        host_encode(weights, windows)  # the same test, for the exact path
-        return real_rows(be, weights, windows)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(model, "host_encode", host_encode)
-    monkeypatch.setattr(model, "encode_all", encode_all)
+    poison = np.float32(poisoned_forward)
     bad = vad_clip.copy()
     bad[1000] = poison
     requests = [
@@ -255,12 +249,7 @@ def test_a_failing_forward_in_the_join_fails_only_its_member(
     assert [e.done for e in joined] == [True, False, False, False]
     engine.leave(1)
     seen = {k: [joined[k]] for k in (0, 2, 3)}
-    active = [2, 3]
-    while active:
-        for e in engine.step(active):
-            seen[e.key].append(e)
-            if e.done:
-                active.remove(e.key)
+    _step_until_done(engine, seen, [2, 3])
     exact = factory.batch_math == "exact"
     session = factory.create()
     for key in (0, 2):

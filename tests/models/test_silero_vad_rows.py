@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from backends.silero_vad import SileroVadFactory, VadChunk, VadOptions, VadRequest, model
+from backends.silero_vad import SileroVadFactory, VadChunk, VadOptions, VadRequest
 from backends.silero_vad.batched import MATHS, SileroVadEngine
 from core.engine import Emitted, Feed, Member
 from tests.models.silero_vad_reference import mixed_requests
@@ -130,24 +130,11 @@ def test_live_members_in_one_chunk_steps_equal_the_session(
 
 
 def test_a_failing_forward_fails_only_its_member(
-    factory: SileroVadFactory, vad_clip: np.ndarray, monkeypatch: pytest.MonkeyPatch
+    factory: SileroVadFactory, vad_clip: np.ndarray, poisoned_forward: float
 ) -> None:
     """The batch's forward fails because of one member's window: that member fails alone,
     the others are retried one by one, advance exactly once and stay exact."""
-    real_host, real_rows = model.host_encode, model.encode_all
-    poison = np.float32(0.123456)
-
-    def host_encode(weights: object, windows: np.ndarray) -> np.ndarray:
-        if (np.asarray(windows) == poison).any():
-            raise FloatingPointError("a poisoned window")
-        return real_host(weights, windows)  # type: ignore[arg-type]
-
-    def encode_all(be: object, weights: object, windows: np.ndarray) -> object:
-        host_encode(weights, windows)  # the same test, for the exact path
-        return real_rows(be, weights, windows)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(model, "host_encode", host_encode)
-    monkeypatch.setattr(model, "encode_all", encode_all)
+    poison = np.float32(poisoned_forward)
     engine = factory.engine(3)
     assert isinstance(engine, SileroVadEngine)
     feeds = [Feed(), Feed()]
