@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -32,3 +36,22 @@ def markdown_table(rows: Sequence[Mapping[str, object]]) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def serve_config(config: Mapping[str, Any], path: Path) -> Any:
+    """A real ``voxpool serve`` on ``config`` (written to ``path``; its log beside it), with
+    the BLAS threads the config's ``threads`` says: tests.server.live.LiveServer pins one
+    BLAS thread unless the environment names a count, so the pin is lifted while it starts.
+    Returns the started LiveServer (the caller stops it)."""
+    from tests.server.live import LiveServer
+
+    path.write_text(json.dumps(config))
+    pinned = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = ""
+    try:
+        return LiveServer(path, path.parent).start()
+    finally:
+        if pinned is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = pinned

@@ -39,7 +39,7 @@ import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as th
 import numpy as np  # noqa: E402
 
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads  # noqa: E402
+from bench.common import blas_threads, serve_config  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "whisper"
 MODEL = "whisper-tiny.en"
@@ -102,8 +102,6 @@ def _served(threads: int) -> Iterator[tuple[Callable[[bytes], str], Callable[[],
     (post a WAV and return the text, the server process's CPU seconds so far)."""
     import httpx
 
-    from tests.server.live import LiveServer
-
     logs = Path(tempfile.mkdtemp(prefix="voxpool-whisper-http-"))
     family = "whisper"
     config = {
@@ -111,17 +109,7 @@ def _served(threads: int) -> Iterator[tuple[Callable[[bytes], str], Callable[[],
         "threads": threads,
         "models": [{"id": family, "family": family, "slots": 1}],
     }
-    path = logs / f"whisper-{threads}.json"
-    path.write_text(json.dumps(config))
-    pinned = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = ""  # LiveServer pins 1 thread unless a value is named
-    try:
-        server = LiveServer(path, logs).start()
-    finally:
-        if pinned is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = pinned
+    server = serve_config(config, logs / f"whisper-{threads}.json")
     assert server.proc is not None
     pid = server.proc.pid
     try:

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if sys.path[:1] != [str(ROOT)]:  # run as a script: the project, not bench/core.py
     sys.path.insert(0, str(ROOT))
 
-from bench.common import blas_threads, markdown_table  # noqa: E402
+from bench.common import blas_threads, markdown_table, serve_config  # noqa: E402
 from bench.model_piper import TEXTS as PIPER_TEXTS  # noqa: E402
 
 MODEL = "piper"
@@ -173,24 +173,12 @@ def served(threads: int, log_dir: Path) -> Iterator[Any]:
     call; yields an httpx client on it."""
     import httpx
 
-    from tests.server.live import LiveServer
-
     config = {
         "busy_timeout_ms": 0,
         "threads": threads,
         "models": [{"id": MODEL, "family": MODEL, "mode": "streaming", "slots": 1}],
     }
-    path = log_dir / f"tts-first-audio-{threads}.json"
-    path.write_text(json.dumps(config))
-    pinned = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = ""  # LiveServer pins 1 thread unless a value is named
-    try:
-        server = LiveServer(path, log_dir).start()
-    finally:
-        if pinned is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = pinned
+    server = serve_config(config, log_dir / f"tts-first-audio-{threads}.json")
     try:
         with httpx.Client(base_url=server.url, timeout=600.0) as client:
             yield client
