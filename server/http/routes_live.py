@@ -468,6 +468,11 @@ class Live:
             try:
                 async for chunk in chunks:
                     send.send_nowait(chunk)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                # the sender is gone (the client left, the stream was cancelled), yet a chunk
+                # came: its wake-up preceded the cancellation, which anyio then delivers only
+                # at the next checkpoint. Nobody is left to send it to: no failure.
+                return
             except (ValueError, TypeError) as exc:  # the engine refused the member's audio
                 self.fail(Refusal(POLICY, "invalid_request_error", str(exc)), scope)
             except Exception as exc:  # the model failed: logged, only its id goes out

@@ -399,7 +399,6 @@ def test_a_client_that_vanishes_mid_stream_frees_its_slot(live: LiveServer) -> N
     wait_log(live, "ws_close=1006")
 
 
-@pytest.mark.xfail(strict=True, reason="puller logs a client's departure as a server failure")
 def test_a_chunk_after_the_client_left_is_dropped_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
