@@ -158,7 +158,9 @@ class BatchEngine(Protocol):
     def leave(self, key: int) -> None:
         """Forget member ``key`` (done, failed or aborted); its key is free again.
 
-        Never raises; leaving an unknown key is a no-op.
+        Never raises; leaving an unknown key is a no-op. Cheap and never blocking (drop the
+        member's rows and states; no device work, no waiting): the server calls it on its
+        event loop, between the engine's other calls.
         """
         ...
 

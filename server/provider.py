@@ -205,7 +205,11 @@ class ThreadedProvider:
         return emitted
 
     async def leave(self, engine: BatchEngine, key: int) -> None:
-        await self._thread(engine.leave, key)
+        """On the event loop, not a worker thread: a leave only drops the member's rows
+        (the engine's contract), and the driver makes no other engine call meanwhile, so
+        the hop would cost a lone request more than the leave (a 3.5 s VAD file alone
+        through a batching model: 1.07 of a session's time with it, 1.04-1.05 without)."""
+        engine.leave(key)
 
     async def close_engine(self, engine: BatchEngine) -> None:
         await self._thread(engine.close)
