@@ -291,6 +291,17 @@ def parse_json(text: str) -> dict[str, Any]:
     return value
 
 
+def unexpected(kind: Any) -> str:
+    """What is wrong with a text message of ``type`` ``kind`` after the start (anything but
+    ``end``), in the client's terms: a second start, no type at all (missing or JSON
+    ``null``), or a type the route does not know."""
+    if kind == "start":
+        return "a second 'start'"
+    if kind is None:
+        return "a text message without a 'type'"
+    return f"unknown message type {show(kind)}"
+
+
 async def finish(websocket: WebSocket, outcome: Refusal | None) -> None:
     """Close the socket as ``outcome`` says (None: the client is gone, nothing to send)."""
     if outcome is None:
@@ -414,12 +425,11 @@ class Live:
             if kind == "end":
                 self.end(ENDED)
             else:
-                what = "'start' was already given" if kind == "start" else f"{show(kind)}"
                 self.fail(
                     Refusal(
                         POLICY,
                         "invalid_request_error",
-                        f"unknown message type {what}: after the start, send audio "
+                        f"{unexpected(kind)}: after the start, send audio "
                         'as binary messages and {"type": "end"}',
                     ),
                     scope,
