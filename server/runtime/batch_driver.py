@@ -291,6 +291,9 @@ class BatchDriver:
             self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
+        feed = self._feeds[handle.slot]
+        if feed is not None:
+            feed.on_push = None  # a late push no longer marks the slot's next member
         self._feeds[handle.slot] = None
 
     def _live(self, handle: SlotHandle) -> bool:

@@ -218,6 +218,7 @@ async def test_an_owner_parked_with_nothing_to_read_leaves_and_frees_its_slot() 
         await anyio.wait_all_tasks_blocked()  # both owners parked on their slots
         owners.scopes[0].cancel()
         await until(lambda: rt.drivers["m"].members == 1)
+        assert owners.feeds[0].on_push is None  # a late push cannot mark the slot's next owner
         owners.feeds[1].push("b1")  # the other one still gets its input
         await until(lambda: owners.got[1] == ["b1"])
         assert owners.got[0] == [] and not owners.ended[0]
