@@ -183,8 +183,9 @@ async def admitted(
     """Lease the stream (raises BusyError and the like: before the upgrade, the handshake's
     answer). Meanwhile the socket is read: a client that leaves while queued leaves the
     queue at once (chunks None); after the upgrade (a start message), what it sends while
-    queued is kept, up to :data:`MAX_BACKLOG_S` of audio (then reading waits), for the
-    stream to take first."""
+    queued is kept for the stream to take first, up to ``max_audio_seconds`` of audio (the
+    request's own bound; then reading waits), so a client that sent more than a running
+    stream's :data:`MAX_BACKLOG_S` and left is still seen leaving."""
     stack = AsyncExitStack()
     gone = False
     refused: Exception | None = None  # raised outside the task group, which would wrap it
@@ -195,7 +196,8 @@ async def admitted(
         async def watch() -> None:
             nonlocal gone
             size = 0  # before the accept the listener answers only when the client goes away
-            while size <= MAX_BACKLOG_S * SAMPLE_RATE * 2:
+            most = max(MAX_BACKLOG_S, st.config.max_audio_seconds) * SAMPLE_RATE * 2
+            while size <= most:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     gone = True

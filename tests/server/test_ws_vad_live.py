@@ -339,6 +339,30 @@ def test_a_start_message_queued_for_a_slot_keeps_its_audio_or_leaves_the_queue(
     slots_free(live, "vad1")
 
 
+def test_a_queued_client_that_sent_more_than_the_backlog_and_left_leaves_the_queue(
+    live: LiveServer,
+) -> None:
+    """20 s of audio while queued (more than a running stream's 10 s backlog): the queued
+    socket is still read (up to max_audio_seconds), so its close is seen and it leaves the
+    queue at once, instead of waiting for a slot or its busy timeout."""
+    audio = pcm("story")[: 20 * 16000 * 2]
+    with open_ws(live, "model=vad1") as holder:
+        live.wait_for("vad1", lambda r: r["active_slots"] == 1, GUARD_S)
+        with open_ws(live, "") as leaving:
+            leaving.send(json.dumps({"type": "start", "model": "vad1"}))
+            live.wait_for("vad1", lambda r: r["queued_requests"] == 1, GUARD_S)
+            for start in range(0, len(audio), 32000):
+                leaving.send(audio[start : start + 32000])
+                holder.send(audio[:1024])  # within its idle timeout
+            leaving.close_socket()
+            live.wait_for("vad1", lambda r: r["queued_requests"] == 0, GUARD_S)
+            holder.send(audio[:1024])
+            assert live.model("vad1")["active_slots"] == 1  # the holder still streams
+        holder.send(json.dumps({"type": "end"}))
+        assert drain(holder)[1].code == 1000
+    slots_free(live, "vad1")
+
+
 # ---------------------------------------------------- closed after the upgrade
 @pytest.mark.parametrize(
     ("query", "send", "code", "contains"),
