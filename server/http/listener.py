@@ -812,9 +812,11 @@ class _Connection:
             hint = exc.event_hint
             status = hint.status_code if isinstance(hint, ws_events.RejectConnection) else 400
             extra = [(b"sec-websocket-version", b"13")] if status == 426 else []
+            # wsproto names a version other than 13 as a missing header: say what it is
+            problem = "only Sec-WebSocket-Version 13 is spoken" if status == 426 else str(exc)
             await self.send_error(
                 status,
-                f"malformed WebSocket handshake: {exc}",
+                f"malformed WebSocket handshake: {problem}",
                 "invalid_request_error",
                 extra=extra,
             )
