@@ -17,7 +17,6 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-import wave
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,14 +31,13 @@ import numpy as np  # noqa: E402
 
 from bench.common import markdown_table  # noqa: E402
 from server.blas import AdaptiveThreads, cores  # noqa: E402
+from server.families.data import read_wav  # noqa: E402
 from server.provider import ThreadedProvider  # noqa: E402
 from server.runtime import ModelSpec, Runtime, RuntimeConfig  # noqa: E402
 
 
 def _audio(name: str) -> np.ndarray:
-    with wave.open(str(ROOT / "tests/data/whisper" / f"{name}.wav")) as f:  # the speech fixtures
-        pcm = np.frombuffer(f.readframes(f.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / np.float32(32768.0)
+    return read_wav(ROOT / "tests/data/whisper" / f"{name}.wav")  # the speech fixtures
 
 
 async def _measure(

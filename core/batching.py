@@ -384,13 +384,10 @@ class BatchScheduler(Generic[C]):
     def chunks_ready(self, handle: SlotHandle, chunks: Sequence[C]) -> Ack | Ignored | StaleHandle:
         """Queue several chunks of one member at once, in order (:meth:`chunk_ready` for each,
         one decision for all)."""
-        slot = self._slot(handle)
-        if slot is None:
-            return StaleHandle(handle)
-        if slot.state not in _LIVE:
-            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
-        slot.chunks.extend(chunks)
-        return Ack(handle, slot.state, Reason.GRANTED)
+        refused = self._queue(handle, chunks)
+        if refused is not None:
+            return refused
+        return Ack(handle, self._slots[handle.slot].state, Reason.GRANTED)
 
     def step_chunks(
         self, deliveries: Iterable[tuple[SlotHandle, Sequence[C]]]
@@ -399,16 +396,20 @@ class BatchScheduler(Generic[C]):
         refusals are returned (none when every member was decoding)."""
         refused: list[Ignored | StaleHandle] = []
         for handle, chunks in deliveries:
-            slot = self._slot(handle)
-            if slot is None:
-                refused.append(StaleHandle(handle))
-            elif slot.state not in _LIVE:
-                refused.append(
-                    Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
-                )
-            else:
-                slot.chunks.extend(chunks)
+            refusal = self._queue(handle, chunks)
+            if refusal is not None:
+                refused.append(refusal)
         return refused
+
+    def _queue(self, handle: SlotHandle, chunks: Sequence[C]) -> Ignored | StaleHandle | None:
+        """Queue ``chunks`` for the owner while the member is live; else why not."""
+        slot = self._slot(handle)
+        if slot is None:
+            return StaleHandle(handle)
+        if slot.state not in _LIVE:
+            return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        slot.chunks.extend(chunks)
+        return None
 
     def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
         """The member hit its stop condition: it leaves the batch; its tail comes in the next

@@ -96,7 +96,8 @@ from core.engine import Emitted, Feed, Member, join_each
 
 STEP_CHUNKS: Final = model.STREAM_BLOCK  # chunks per member per step (8 x 32 ms = 256 ms)
 OFFLINE_STEP_CHUNKS: Final = 512
-"""The most chunks a member advances in one step when no live member is in the engine."""
+"""With no live member in the engine, the most chunks one engine call advances its members
+by in all (shared out, at least :data:`STEP_CHUNKS` each): a lone member's block."""
 MATHS: Final = ("exact", "gemm")
 """How a step's forward multiplies (:class:`SileroVadEngine`'s ``math``)."""
 _NO_WINDOWS: Final = np.zeros((0, model.WINDOW), np.float32)

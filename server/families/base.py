@@ -219,8 +219,8 @@ class Family:
     """The exception its sessions raise for a request over the configured speech limits (a 400
     naming the limit, :func:`server.families.http.speech_limit_error`)."""
     plan: Callable[..., ValidationPlan] | None = None
-    """Its validation plan; one that takes ``**options`` is built with the validated model's
-    load options (:func:`server.validation.plans.plan`)."""
+    """Its validation plan, built with the validated model's load options as keyword
+    arguments (:func:`server.validation.plans.plan`)."""
     weights: Callable[[], Sequence[Path]] | None = None
     run_request: Callable[[RunInput], Any] | None = None
     workload: Callable[[], Workload] | None = None

@@ -58,6 +58,9 @@ class WhisperPlan:
     Token ids and text are compared.
     """
 
+    def __init__(self, **_load_options: object) -> None:
+        """Its cases and comparisons are the same whatever the model's load options."""
+
     stream_mode = "offline"
     invalid_reason = "a malformed request object (not a WhisperRequest)"
 

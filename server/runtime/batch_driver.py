@@ -39,6 +39,7 @@ on its slot (:class:`_Parking`: on trio the task itself, no event per wait).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import functools
 import logging
@@ -82,7 +83,7 @@ class BatchMemberFailed(RuntimeError):
     """A member failed without an exception of its own (should not happen; kept for safety)."""
 
 
-class _Parking:
+class _Parking(abc.ABC):
     """Where each owner waits for its member's next chunks: at most one waiter per slot (its
     owner), woken by the driver alone. A wake with nobody parked is a no-op: an owner parks
     only after a drain found nothing, with no checkpoint in between."""
@@ -97,13 +98,13 @@ class _Parking:
         if self._parked[slot] is not None:
             raise RuntimeError(f"batch slot {slot}: an owner is already waiting on it")
 
+    @abc.abstractmethod
     async def wait(self, slot: int) -> None:
         """Park the calling owner until it is woken (a checkpoint: cancellation lands here)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def wake(self, handles: Sequence[SlotHandle]) -> None:
         """Wake the owners parked on the slots of ``handles``, if any."""
-        raise NotImplementedError
 
 
 class _TrioParking(_Parking):

@@ -4,8 +4,7 @@ fingerprints and manifests of inputs) is its registry entry's ``plan``
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from server.families import registry
@@ -40,19 +39,11 @@ def packages() -> tuple[str, ...]:
 
 
 def plan(family: str, load_options: Mapping[str, Any] | None = None) -> ValidationPlan:
-    """The validation plan of ``family`` for a model with ``load_options`` (a plan may declare
-    its batched tolerance by them, e.g. silero_vad's ``batch_math``); ValueError when it has
-    none."""
+    """The validation plan of ``family`` for a model with ``load_options`` (every plan takes
+    them; one may declare its batched tolerance by them, e.g. silero_vad's ``batch_math``);
+    ValueError when it has none."""
     entry = registry.family(family) if registry.is_family(family) else None
     if entry is None or entry.plan is None:
         known = sorted(registry.validated())
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
-    if load_options and _takes_options(entry.plan):
-        return entry.plan(**load_options)
-    return entry.plan()  # its tolerance does not depend on the options
-
-
-def _takes_options(make: Callable[..., ValidationPlan]) -> bool:
-    """Whether a plan is built with the model's load options (it takes ``**options``)."""
-    kinds = {p.kind for p in inspect.signature(make).parameters.values()}
-    return inspect.Parameter.VAR_KEYWORD in kinds
+    return entry.plan(**dict(load_options or {}))

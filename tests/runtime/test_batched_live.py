@@ -16,7 +16,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import attrs
 import pytest
 
 from core.engine import BatchEngine, Emitted, Feed, Member
@@ -24,6 +23,7 @@ from core.pool import SessionFactory
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
 from server.runtime.ports import SystemClock
 from sim.fakes import FakeProvider, FakeScript
+from tests.runtime.live_fakes import EchoEngine
 
 pytestmark = pytest.mark.anyio
 
@@ -36,58 +36,22 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return backend
 
 
-@attrs.define(eq=False)
-class LiveEngine:
-    """Echoes its members' input, at most ``per_step`` pieces a step (the rest held)."""
-
-    max_batch: int
-    per_step: int = 1_000
-    live_input: bool = True
-    feeds: dict[int, Feed] = attrs.field(factory=dict)
-    held: dict[int, list[Any]] = attrs.field(factory=dict)
-    steps: list[tuple[Feed, ...]] = attrs.field(factory=list)  # each step's members' feeds
-
-    def join(self, members: Sequence[Member]) -> list[Emitted]:
-        for m in members:
-            assert m.feed is not None
-            self.feeds[m.key], self.held[m.key] = m.feed, []
-        return [Emitted(m.key) for m in members]
-
-    def step(self, keys: Sequence[int]) -> list[Emitted]:
-        self.steps.append(tuple(self.feeds[key] for key in keys))
-        out = []
-        for key in keys:
-            feed, held = self.feeds[key], self.held[key]
-            pieces, closed = feed.take()
-            held.extend(pieces)
-            now, held[:] = held[: self.per_step], held[self.per_step :]
-            feed.hold(bool(held))
-            out.append(Emitted(key, tuple(now), done=closed and not held))
-        return out
-
-    def leave(self, key: int) -> None:
-        self.feeds.pop(key, None)
-        self.held.pop(key, None)
-
-    def close(self) -> None:
-        assert not self.feeds, "closed with members"
-
-
 class LiveProvider(FakeProvider):
-    """Fake sessions, a :class:`LiveEngine`; a step takes its input, then waits at the gate
-    while closed (so a push can land after the take, before the step ends)."""
+    """Fake sessions, an :class:`~tests.runtime.live_fakes.EchoEngine`; a step takes its
+    input, then waits at the gate while closed (so a push can land after the take, before
+    the step ends)."""
 
     def __init__(self, per_step: int = 1_000) -> None:
         script = FakeScript(load_time=0.0, create_time=0.0, clone_time=0.0, close_time=0.0)
         super().__init__(SystemClock(), {"m": script})
         self.per_step = per_step
-        self.live: LiveEngine | None = None
+        self.live: EchoEngine | None = None
         self.gate = anyio.Event()
         self.gate.set()
         self.in_step = anyio.Event()
 
     async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
-        self.live = LiveEngine(max_batch, self.per_step)
+        self.live = EchoEngine(max_batch, self.per_step)
         return self.live
 
     async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
