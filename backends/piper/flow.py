@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from backends import parallel
 from backends.base import Array, ArrayBackend
-from backends.piper import host
+from backends.piper import blas, host
 from backends.piper.layers import Weights, conv, split_channels
 from backends.piper.loader import Hyper
 
@@ -68,19 +69,137 @@ def flow_reverse_host(
 
     ``z`` may be a packed batch (``gaps`` zeroed before every conv, see
     :func:`backends.piper.host.zero_gaps`); gap columns of the result are garbage.
+    On one core the couplings run conv by conv; on several, each coupling runs depth
+    first in column tiles over the cores (:func:`_coupling_tile`).
     """
     half = h.inter // 2
+    tile = _coupling_tile(z.shape[1])
     for i in reversed(range(0, 2 * h.flow_layers, 2)):
         z = z[::-1]  # Flip (a view; the coupling writes a new array)
         p = f"flow.flows.{i}"
         x0 = z[:half]
-        hh = _conv_host(x0, prep[f"{p}.pre"], gaps)
-        m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh, gaps), prep[f"{p}.post"], gaps)
         out = np.empty((h.inter, z.shape[1]), np.float32)
-        out[:half] = x0
-        np.subtract(z[half:], m, out=out[half:])
+        if tile is None:
+            hh = _conv_host(x0, prep[f"{p}.pre"], gaps)
+            m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh, gaps), prep[f"{p}.post"], gaps)
+            out[:half] = x0
+            np.subtract(z[half:], m, out=out[half:])
+        else:
+            host.split(
+                _CouplingTiles(prep, h, p, z, out, gaps, tile).run, range(0, z.shape[1], tile)
+            )
         z = out
     return np.ascontiguousarray(z)
+
+
+COUPLING_TILE = 64
+"""Fewest output columns of one tile of a coupling run depth first (:class:`_CouplingTiles`)."""
+
+
+def _coupling_tile(t: int) -> int | None:
+    """Columns of a coupling's tiles over ``t`` frames when the caller has several cores: as
+    many tiles as cores, none narrower than :data:`COUPLING_TILE`; None (each conv on its
+    own, split by :func:`host.conv_same`) on one core or for a short input. A coupling's
+    convs are small (255 frames of a sentence: 1-2 ms a conv), so splitting each one over
+    the cores costs a hand-over per conv (about 40 a coupling), more than it saves: the
+    flow at two threads took as long as at one. Tiles run the whole coupling instead, one
+    hand-over per coupling, for a halo of ``layers * (kernel - 1) / 2`` columns computed
+    twice."""
+    cores = parallel.SHARE.share()
+    if cores <= 1 or t < 2 * COUPLING_TILE:
+        return None
+    return max(COUPLING_TILE, -(-t // cores))
+
+
+class _CouplingTiles:
+    """One coupling (reverse, mean-only) over output tiles, depth first: ``out[:half] = x0``
+    and ``out[half:] = x1 - post(WN(pre(x0)))``, every conv and gate of a tile over its
+    columns plus a halo, with buffers per core. The halo columns that fall outside
+    ``[0, T)`` or in ``gaps`` are zeroed before every kernel-``k`` conv (the zero padding
+    and packed-batch masking :func:`host.conv_same` applies); a layer's output is valid
+    ``(k - 1) / 2`` columns further in than its input, so after the last layer the
+    tile's own columns are. Values equal the conv-by-conv path's up to the GEMMs'
+    summation order over a different column count (the thread-count tolerance)."""
+
+    def __init__(
+        self,
+        prep: Mapping[str, host.ConvWeights],
+        h: Hyper,
+        p: str,
+        z: np.ndarray,
+        out: np.ndarray,
+        gaps: host.Gaps,
+        tile: int,
+    ) -> None:
+        self.pre, self.post = prep[f"{p}.pre"], prep[f"{p}.post"]
+        self.layers = [
+            (prep[f"{p}.enc.in_layers.{j}"], prep[f"{p}.enc.res_skip_layers.{j}"])
+            for j in range(h.flow_wn_layers)
+        ]
+        self.h, self.z, self.out, self.gaps, self.tile = h, z, out, gaps, tile
+        self.halo = sum(cw.padding for cw, _ in self.layers)
+
+    def run(self, starts: Iterator[int]) -> None:
+        """The tiles at ``starts`` (one core's share of them)."""
+        h, z, halo, tile = self.h, self.z, self.halo, self.tile
+        half, c, t = h.inter // 2, h.hidden, z.shape[1]
+        width = min(tile, t) + 2 * halo
+        x0 = np.empty((half, width), np.float32)
+        x = np.empty((c, width), np.float32)
+        x_in = np.empty((2 * c, width), np.float32)
+        rs = np.empty((2 * c, width), np.float32)
+        skip = np.empty((c, width), np.float32)
+        m = np.empty((half, width), np.float32)
+        for t0 in starts:
+            n = min(tile, t - t0)
+            w, e0 = n + 2 * halo, t0 - halo
+            host.take_columns(z[:half], e0, x0[:, :w])
+            _pointwise(self.pre, x0[:, :w], x[:, :w])
+            skip[:, :w] = 0
+            for j, (cw_in, cw_rs) in enumerate(self.layers):
+                self._mask(x[:, :w], e0)
+                pad = cw_in.padding
+                xi = x_in[:, pad : w - pad]
+                xi[...] = cw_in.bias
+                blas.conv_taps(xi, cw_in.taps, x[:, :w], 0, cw_in.dilation)
+                _gate(xi[:c], xi[c:])
+                r = rs[: cw_rs.c_out, pad : w - pad]
+                _pointwise(cw_rs, xi[:c], r)
+                if j < len(self.layers) - 1:
+                    x[:, pad : w - pad] += r[:c]
+                    skip[:, pad : w - pad] += r[c:]
+                else:
+                    skip[:, pad : w - pad] += r
+            _pointwise(self.post, skip[:, halo : halo + n], m[:, :n])
+            self.out[:half, t0 : t0 + n] = z[:half, t0 : t0 + n]
+            np.subtract(z[half:, t0 : t0 + n], m[:, :n], out=self.out[half:, t0 : t0 + n])
+
+    def _mask(self, x: np.ndarray, e0: int) -> None:
+        """Zero ``x``'s columns (global ``e0`` onwards) outside ``[0, T)`` and in the gaps."""
+        t, w = self.z.shape[1], x.shape[1]
+        if e0 < 0:
+            x[:, : min(-e0, w)] = 0
+        if e0 + w > t:
+            x[:, max(t - e0, 0) :] = 0
+        for g0, g1 in self.gaps:
+            if g0 < e0 + w and g1 > e0:
+                x[:, max(g0, e0) - e0 : min(g1, e0 + w) - e0] = 0
+
+
+def _pointwise(cw: host.ConvWeights, src: np.ndarray, out: np.ndarray) -> None:
+    """``out = cw(src)`` for a kernel-1 conv: bias, then the one tap's GEMM added in."""
+    out[...] = cw.bias
+    blas.conv_taps(out, cw.taps, src, 0, 1)
+
+
+def _gate(t_act: np.ndarray, s_act: np.ndarray) -> None:
+    """``t_act = tanh(t_act) * sigmoid(s_act)`` in place, sigmoid as the backend computes it."""
+    np.tanh(t_act, out=t_act)
+    s_act *= np.float32(0.5)  # sigmoid(s) = 0.5 * (1 + tanh(s / 2)), the backend's formula
+    np.tanh(s_act, out=s_act)
+    s_act += np.float32(1.0)
+    s_act *= np.float32(0.5)
+    t_act *= s_act
 
 
 def _conv_host(x: np.ndarray, cw: host.ConvWeights, gaps: host.Gaps) -> np.ndarray:
@@ -99,12 +218,7 @@ def _wavenet_host(
     for j in range(h.flow_wn_layers):
         x_in = _conv_host(x, prep[f"{p}.in_layers.{j}"], gaps)
         t_act, s_act = x_in[:c], x_in[c:]
-        np.tanh(t_act, out=t_act)
-        s_act *= np.float32(0.5)  # sigmoid(s) = 0.5 * (1 + tanh(s / 2)), the backend's formula
-        np.tanh(s_act, out=s_act)
-        s_act += np.float32(1.0)
-        s_act *= np.float32(0.5)
-        t_act *= s_act
+        _gate(t_act, s_act)
         rs = _conv_host(t_act, prep[f"{p}.res_skip_layers.{j}"], gaps)
         if j < h.flow_wn_layers - 1:
             x += rs[:c]

@@ -330,6 +330,12 @@ def _resblock_tiles(
         np.maximum(o, np.multiply(o, np.float32(post_slope), out=ya[:, :n]), out=o)
 
 
+def take_columns(src: np.ndarray, lo: int, dst: np.ndarray) -> None:
+    """``dst = src[:, lo : lo + dst.shape[1]]``, zero outside ``src``'s columns (a tile and its
+    halo, with the zero padding a conv sees beyond either end)."""
+    _activate(src, lo, None, dst)
+
+
 def _activate(src: np.ndarray, lo: int, slope: float | None, dst: np.ndarray) -> None:
     """``dst = leaky(src, slope)[:, lo : lo + dst.shape[1]]``, zero outside ``src``'s columns."""
     t = src.shape[1]

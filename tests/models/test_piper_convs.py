@@ -4,6 +4,8 @@ padding, output_padding, batch)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -398,3 +400,61 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+@pytest.mark.parametrize("t", [20, 64, 130, 257, 900])
+def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
+    cores: int, t: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flow_reverse_host on several cores runs each coupling depth first in column tiles with
+    halos (zero padding at both ends, packed-batch gaps masked before every conv) and gives
+    the conv-by-conv path's values on every column outside the gaps; an input too short for
+    two tiles keeps the conv-by-conv path."""
+    from backends import parallel
+    from backends.piper import blas, flow, host
+    from backends.piper.loader import Hyper
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
+    monkeypatch.setattr(flow, "COUPLING_TILE", 16)  # many tiles, halos at both ends
+    h = Hyper(inter=8, hidden=6, flow_layers=2, flow_wn_layers=3, flow_kernel=5)
+    rng = np.random.default_rng(11)
+
+    def conv(c_out: int, c_in: int, k: int) -> host.ConvWeights:
+        w = rng.standard_normal((c_out, c_in, k), dtype=np.float32) * np.float32(0.3)
+        return host.prepare(w, rng.standard_normal(c_out, dtype=np.float32))
+
+    prep = {}
+    for i in range(0, 2 * h.flow_layers, 2):
+        p = f"flow.flows.{i}"
+        prep[f"{p}.pre"] = conv(h.hidden, h.inter // 2, 1)
+        prep[f"{p}.post"] = conv(h.inter // 2, h.hidden, 1)
+        for j in range(h.flow_wn_layers):
+            last = j == h.flow_wn_layers - 1
+            prep[f"{p}.enc.in_layers.{j}"] = conv(2 * h.hidden, h.hidden, h.flow_kernel)
+            prep[f"{p}.enc.res_skip_layers.{j}"] = conv(h.hidden * (1 if last else 2), h.hidden, 1)
+    gaps = [(t // 3, t // 3 + 6)] if t > 60 else []
+    z = rng.standard_normal((h.inter, t), dtype=np.float32)
+    for g0, g1 in gaps:
+        z[:, g0:g1] = 0
+    monkeypatch.setattr(parallel.SHARE, "share", lambda: 1)
+    assert flow._coupling_tile(t) is None
+    ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    monkeypatch.setattr(parallel.SHARE, "share", lambda n=cores: n)
+    tile = flow._coupling_tile(t)
+    assert (tile is None) == (t < 32)
+    ran: list[int] = []
+    real_run = flow._CouplingTiles.run
+
+    def run(self: flow._CouplingTiles, starts: Iterator[int]) -> None:
+        ran.append(self.tile)
+        real_run(self, starts)
+
+    monkeypatch.setattr(flow._CouplingTiles, "run", run)
+    tiled = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    assert (len(ran) >= h.flow_layers) == (tile is not None)  # every coupling in tiles, or none
+    keep = np.ones(t, bool)
+    for g0, g1 in gaps:
+        keep[g0:g1] = False  # gap columns are garbage either way
+    np.testing.assert_allclose(tiled[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
