@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -70,6 +70,17 @@ class EncoderLayer:
 
 @attrs.frozen
 class DecoderLayer:
+    """A decoder layer's weights, each ``[out, in]``. On the numpy backend the widening
+    products of a decoding step, the self-attention's fused projection (``self_attn.w_in``,
+    d to 3d) and the feed-forward's first (``ffn.w1``, d to 4d), get their weight as a view
+    of its transpose stored contiguously (``linear``'s ``x @ w.T`` then reads an ``[in,
+    out]`` row-major matrix); the others stay as the checkpoint has them. A step multiplies
+    one row (or a few) by each weight, and OpenBLAS's matrix-vector kernels stream a
+    widening weight 1.6-1.7x as fast stored ``[in, out]`` and a narrowing one 1.3x as fast
+    stored ``[out, in]`` (square ones alike): one thread, 24 weights, one row, GB/s of
+    weights read: [384, 1536] 19-20 against 12, [384, 1152] 19 against 12, [1536, 384]
+    17-18 stored ``[out, in]`` against 13; at four rows [384, 1536] 11 against 6."""
+
     self_attn: AttentionWeights
     cross_attn: AttentionWeights
     ffn: FfnWeights
@@ -131,7 +142,14 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
     def up(name: str) -> Array:
         return backend.to_device(model.get(name))
 
-    def attention(scope: str, cross: bool) -> AttentionWeights:
+    def up_wide(name: str) -> Array:
+        """A widening weight of a decoding step (see :class:`DecoderLayer`): on numpy, a
+        view ``[out, in]`` of its transpose stored contiguously; elsewhere as stored."""
+        if not isinstance(backend, NumpyBackend):
+            return up(name)
+        return np.ascontiguousarray(model.get(name).T).T
+
+    def attention(scope: str, cross: bool, wide: Callable[[str], Array] = up) -> AttentionWeights:
         if cross:
             return AttentionWeights(
                 norm_g=up(f"{scope}/layer_norm/gamma"),
@@ -146,17 +164,17 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
         return AttentionWeights(
             norm_g=up(f"{scope}/layer_norm/gamma"),
             norm_b=up(f"{scope}/layer_norm/beta"),
-            w_in=up(f"{scope}/linear_0/weight"),
+            w_in=wide(f"{scope}/linear_0/weight"),
             b_in=up(f"{scope}/linear_0/bias"),
             w_out=up(f"{scope}/linear_1/weight"),
             b_out=up(f"{scope}/linear_1/bias"),
         )
 
-    def ffn(scope: str) -> FfnWeights:
+    def ffn(scope: str, wide: Callable[[str], Array] = up) -> FfnWeights:
         return FfnWeights(
             norm_g=up(f"{scope}/layer_norm/gamma"),
             norm_b=up(f"{scope}/layer_norm/beta"),
-            w1=up(f"{scope}/linear_0/weight"),
+            w1=wide(f"{scope}/linear_0/weight"),
             b1=up(f"{scope}/linear_0/bias"),
             w2=up(f"{scope}/linear_1/weight"),
             b2=up(f"{scope}/linear_1/bias"),
@@ -176,9 +194,9 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
     )
     dec_layers = tuple(
         DecoderLayer(
-            attention(f"decoder/layer_{i}/self_attention", False),
+            attention(f"decoder/layer_{i}/self_attention", False, up_wide),
             attention(f"decoder/layer_{i}/attention", True),
-            ffn(f"decoder/layer_{i}/ffn"),
+            ffn(f"decoder/layer_{i}/ffn", up_wide),
         )
         for i in range(count("decoder"))
     )
