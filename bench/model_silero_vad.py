@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if sys.path[:1] != [str(ROOT)]:  # the project's packages, not bench/backends.py
     sys.path.insert(0, str(ROOT))
 
 from bench.common import array_backend as _array_backend  # noqa: E402
