@@ -32,8 +32,8 @@ class NumpyBackend(XpBackend):
         return x  # host arrays (and scalars) are numpy's own operands
 
     def gelu(self, x: Array) -> Array:
-        # large inputs go through in cache-sized chunks (same values, ~2.5x faster than
-        # whole-array passes), spread over the caller's share of the cores
+        # large inputs go through in chunks (same values, faster than whole-array passes,
+        # see _CHUNK), spread over the caller's share of the cores
         if x.size <= _CHUNK:
             return erf.gelu(np, x)
         flat = np.ascontiguousarray(x).reshape(-1)

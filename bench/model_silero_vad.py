@@ -97,8 +97,6 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
     """Measure both runtimes side by side; returns one row per (impl, input)."""
     ours = f"voxpool-{backend}"
     array_backend = _array_backend(backend)
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from backends.silero_vad import VadRequest, load_factory
     from tests.models.silero_vad_reference import fixture, minute_mix
 

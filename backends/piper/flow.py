@@ -92,23 +92,29 @@ def flow_reverse_host(
     return np.ascontiguousarray(z)
 
 
-COUPLING_TILE = 64
-"""Fewest output columns of one tile of a coupling run depth first (:class:`_CouplingTiles`)."""
+COUPLING_TILE = 128
+"""About how many output columns one tile of a coupling run depth first covers
+(:class:`_CouplingTiles`); inputs shorter than this keep the conv-by-conv path."""
 
 
 def _coupling_tile(t: int) -> int | None:
-    """Columns of a coupling's tiles over ``t`` frames when the caller has several cores: as
-    many tiles as cores, none narrower than :data:`COUPLING_TILE`; None (each conv on its
-    own, split by :func:`host.conv_same`) on one core or for a short input. A coupling's
-    convs are small (255 frames of a sentence: 1-2 ms a conv), so splitting each one over
-    the cores costs a hand-over per conv (about 40 a coupling), more than it saves: the
-    flow at two threads took as long as at one. Tiles run the whole coupling instead, one
-    hand-over per coupling, for a halo of ``layers * (kernel - 1) / 2`` columns computed
-    twice."""
-    cores = parallel.SHARE.share()
-    if cores <= 1 or t < 2 * COUPLING_TILE:
+    """Columns of a coupling's tiles over ``t`` frames when the caller has several cores:
+    ``t`` cut into an even number of tiles of about :data:`COUPLING_TILE` columns, of
+    equal width (the last may be narrower), whatever the number of cores, so the values
+    never depend on it (:func:`host.split` hands the tiles out to the cores; an even
+    count keeps two and four cores evenly loaded: 600 frames on two cores took 92-93 ms
+    as five tiles, more than conv by conv, 83-86, and 76-77 as four); None (each conv on
+    its own, split by :func:`host.conv_same`) on one core, for an input shorter than
+    :data:`COUPLING_TILE` or without numpy's BLAS (:mod:`backends.piper.blas`). A
+    coupling's convs are small (255 frames of a sentence: 1-2 ms a conv), so splitting
+    each one over the cores costs a hand-over per conv (about 40 a coupling), more than
+    it saves: the flow at two threads took as long as at one. Tiles run the whole
+    coupling instead, one hand-over per coupling, for a halo of
+    ``layers * (kernel - 1) / 2`` columns computed twice."""
+    if parallel.SHARE.share() <= 1 or t < COUPLING_TILE or not (host.USE_TAPS and blas.available()):
         return None
-    return max(COUPLING_TILE, -(-t // cores))
+    tiles = 2 * max(1, round(t / (2 * COUPLING_TILE)))
+    return -(-t // tiles)
 
 
 class _CouplingTiles:
@@ -138,6 +144,8 @@ class _CouplingTiles:
         ]
         self.h, self.z, self.out, self.gaps, self.tile = h, z, out, gaps, tile
         self.halo = sum(cw.padding for cw, _ in self.layers)
+        if any(cw.kernel != 1 for cw in (self.pre, self.post, *(rs for _, rs in self.layers))):
+            raise ValueError(f"{p}: pre, post and res_skip must be kernel-1 convs")
 
     def run(self, starts: Iterator[int]) -> None:
         """The tiles at ``starts`` (one core's share of them)."""
@@ -157,7 +165,7 @@ class _CouplingTiles:
             _pointwise(self.pre, x0[:, :w], x[:, :w])
             skip[:, :w] = 0
             for j, (cw_in, cw_rs) in enumerate(self.layers):
-                self._mask(x[:, :w], e0)
+                host.zero_outside(x[:, :w], e0, t, self.gaps)
                 pad = cw_in.padding
                 xi = x_in[:, pad : w - pad]
                 xi[...] = cw_in.bias
@@ -174,20 +182,10 @@ class _CouplingTiles:
             self.out[:half, t0 : t0 + n] = z[:half, t0 : t0 + n]
             np.subtract(z[half:, t0 : t0 + n], m[:, :n], out=self.out[half:, t0 : t0 + n])
 
-    def _mask(self, x: np.ndarray, e0: int) -> None:
-        """Zero ``x``'s columns (global ``e0`` onwards) outside ``[0, T)`` and in the gaps."""
-        t, w = self.z.shape[1], x.shape[1]
-        if e0 < 0:
-            x[:, : min(-e0, w)] = 0
-        if e0 + w > t:
-            x[:, max(t - e0, 0) :] = 0
-        for g0, g1 in self.gaps:
-            if g0 < e0 + w and g1 > e0:
-                x[:, max(g0, e0) - e0 : min(g1, e0 + w) - e0] = 0
-
 
 def _pointwise(cw: host.ConvWeights, src: np.ndarray, out: np.ndarray) -> None:
-    """``out = cw(src)`` for a kernel-1 conv: bias, then the one tap's GEMM added in."""
+    """``out = cw(src)`` for a kernel-1 conv (checked by :class:`_CouplingTiles`): bias, then
+    the one tap's GEMM added in."""
     out[...] = cw.bias
     blas.conv_taps(out, cw.taps, src, 0, 1)
 

@@ -311,13 +311,7 @@ def _resblock_tiles(
                 yj[:, v0 - e0 : v1 - e0], cw1.taps, xa, v0 - cw1.padding - (t0 - halo),
                 cw1.dilation,
             )  # fmt: skip
-            if v0 > e0:
-                yj[:, : v0 - e0] = 0
-            if v1 < e1:
-                yj[:, v1 - e0 :] = 0
-            for g0, g1 in gaps:
-                if g0 < e1 and g1 > e0:
-                    yj[:, max(g0, e0) - e0 : min(g1, e1) - e0] = 0
+            zero_outside(yj, e0, t, gaps)
             yc = yj[:, p2 : p2 + n]
             if j == 0:
                 np.add(yc, bias2, out=o)
@@ -328,6 +322,20 @@ def _resblock_tiles(
             blas.conv_taps(o, cw2.taps, a, 0, cw2.dilation)
         o *= scale
         np.maximum(o, np.multiply(o, np.float32(post_slope), out=ya[:, :n]), out=o)
+
+
+def zero_outside(x: np.ndarray, lo: int, t: int, gaps: Gaps) -> None:
+    """Zero the columns of a tile ``x`` (global columns ``lo`` onwards) that lie outside
+    ``[0, t)`` or in ``gaps``: the zero padding and packed-batch masking a conv's input
+    has there."""
+    w = x.shape[1]
+    if lo < 0:
+        x[:, : min(-lo, w)] = 0
+    if lo + w > t:
+        x[:, max(t - lo, 0) :] = 0
+    for g0, g1 in gaps:
+        if g0 < lo + w and g1 > lo:
+            x[:, max(g0, lo) - lo : min(g1, lo + w) - lo] = 0
 
 
 def take_columns(src: np.ndarray, lo: int, dst: np.ndarray) -> None:

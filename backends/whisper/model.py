@@ -147,7 +147,8 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
         view ``[out, in]`` of its transpose stored contiguously; elsewhere as stored."""
         if not isinstance(backend, NumpyBackend):
             return up(name)
-        return np.ascontiguousarray(model.get(name).T).T
+        stored: np.ndarray = backend.to_device(model.get(name).T)
+        return stored.T
 
     def attention(scope: str, cross: bool, wide: Callable[[str], Array] = up) -> AttentionWeights:
         if cross:

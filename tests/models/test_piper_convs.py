@@ -5,6 +5,7 @@ padding, output_padding, batch)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -402,22 +403,11 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
             assert np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("cores", [2, 3])
-@pytest.mark.parametrize("t", [20, 64, 130, 257, 900])
-def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
-    cores: int, t: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """flow_reverse_host on several cores runs each coupling depth first in column tiles with
-    halos (zero padding at both ends, packed-batch gaps masked before every conv) and gives
-    the conv-by-conv path's values on every column outside the gaps; an input too short for
-    two tiles keeps the conv-by-conv path."""
-    from backends import parallel
-    from backends.piper import blas, flow, host
+def _flow_case(t: int) -> tuple[Any, dict[str, Any], np.ndarray, list[tuple[int, int]]]:
+    """A small random flow (Hyper, prepared convs), a latent [inter, t] and its gaps."""
+    from backends.piper import host
     from backends.piper.loader import Hyper
 
-    if not blas.available():
-        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
-    monkeypatch.setattr(flow, "COUPLING_TILE", 16)  # many tiles, halos at both ends
     h = Hyper(inter=8, hidden=6, flow_layers=2, flow_wn_layers=3, flow_kernel=5)
     rng = np.random.default_rng(11)
 
@@ -438,12 +428,28 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
     z = rng.standard_normal((h.inter, t), dtype=np.float32)
     for g0, g1 in gaps:
         z[:, g0:g1] = 0
+    return h, prep, z, gaps
+
+
+@pytest.mark.parametrize("t", [5, 9, 20, 64, 130, 257, 900])
+def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
+    t: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flow_reverse_host on several cores runs each coupling depth first in column tiles with
+    halos (zero padding at both ends, packed-batch gaps masked before every conv; tiles
+    down to narrower than the halo) and gives the conv-by-conv path's values on every
+    column outside the gaps; the tiles depend on the input only, so 2 and 3 cores give the
+    same bits; an input shorter than COUPLING_TILE keeps the conv-by-conv path."""
+    from backends import parallel
+    from backends.piper import blas, flow
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
+    monkeypatch.setattr(flow, "COUPLING_TILE", 8)  # many tiles, some narrower than the halo
+    h, prep, z, gaps = _flow_case(t)
     monkeypatch.setattr(parallel.SHARE, "share", lambda: 1)
     assert flow._coupling_tile(t) is None
     ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
-    monkeypatch.setattr(parallel.SHARE, "share", lambda n=cores: n)
-    tile = flow._coupling_tile(t)
-    assert (tile is None) == (t < 32)
     ran: list[int] = []
     real_run = flow._CouplingTiles.run
 
@@ -452,9 +458,43 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
         real_run(self, starts)
 
     monkeypatch.setattr(flow._CouplingTiles, "run", run)
-    tiled = flow.flow_reverse_host(prep, h, z.copy(), gaps)
-    assert (len(ran) >= h.flow_layers) == (tile is not None)  # every coupling in tiles, or none
     keep = np.ones(t, bool)
     for g0, g1 in gaps:
         keep[g0:g1] = False  # gap columns are garbage either way
-    np.testing.assert_allclose(tiled[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
+    results = []
+    for cores in (2, 3):
+        monkeypatch.setattr(parallel.SHARE, "share", lambda n=cores: n)
+        tile = flow._coupling_tile(t)
+        assert (tile is None) == (t < 8)
+        ran.clear()
+        results.append(flow.flow_reverse_host(prep, h, z.copy(), gaps))
+        assert (len(ran) >= h.flow_layers) == (tile is not None)  # every coupling, or none
+        np.testing.assert_allclose(results[-1][:, keep], ref[:, keep], atol=TOL, rtol=TOL)
+    assert np.array_equal(results[0], results[1])
+
+
+def test_piper_flow_without_numpys_blas_keeps_the_conv_by_conv_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where numpy's BLAS is not found (or the per-tap paths are off), several cores run the
+    flow conv by conv on the im2col paths (the tiles need the per-tap GEMMs), with the
+    same values; a coupling net whose pre, post or res_skip conv is not kernel 1 is
+    refused by the tiles."""
+    from backends import parallel
+    from backends.piper import flow, host
+
+    h, prep, z, gaps = _flow_case(300)
+    ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    monkeypatch.setattr(parallel.SHARE, "share", lambda: 2)
+    monkeypatch.setattr(host, "USE_TAPS", False)
+    assert flow._coupling_tile(300) is None
+    keep = np.ones(300, bool)
+    for g0, g1 in gaps:
+        keep[g0:g1] = False
+    got = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    np.testing.assert_allclose(got[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
+    wide = dict(prep)
+    wide["flow.flows.0.pre"] = host.prepare(np.ones((h.hidden, h.inter // 2, 3), np.float32), None)
+    out = np.empty_like(z)
+    with pytest.raises(ValueError, match="kernel-1"):
+        flow._CouplingTiles(wide, h, "flow.flows.0", z, out, (), 64)

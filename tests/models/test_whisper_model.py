@@ -155,3 +155,21 @@ def test_a_decoding_step_runs_its_products_on_one_blas_thread(
     finally:
         parallel.SHARE.set_threads(None)
     assert during == [1] and after == 2
+
+
+def test_decoder_widening_weights_are_transposed_views_on_numpy() -> None:
+    """On numpy a decoding step's widening weights (self-attention's fused projection, the
+    FFN's first) are [out, in] views of their transposes stored contiguously, the others as
+    stored (DecoderLayer); every weight holds the checkpoint's values."""
+    ct2 = read_ct2_model(default_model_dir())
+    weights = model.load_weights(ct2, NumpyBackend())
+    for i, layer in enumerate(weights.dec_layers):
+        scope = f"decoder/layer_{i}"
+        for wide, name in (
+            (layer.self_attn.w_in, "self_attention/linear_0"),
+            (layer.ffn.w1, "ffn/linear_0"),
+        ):
+            assert wide.T.flags.c_contiguous and not wide.flags.c_contiguous
+            assert np.array_equal(wide, ct2.get(f"{scope}/{name}/weight"))
+        for narrow in (layer.ffn.w2, layer.self_attn.w_out, layer.cross_attn.w_in):
+            assert narrow.flags.c_contiguous
