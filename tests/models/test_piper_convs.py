@@ -404,31 +404,31 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
 
 
 def _flow_case(t: int) -> tuple[Any, dict[str, Any], np.ndarray, list[tuple[int, int]]]:
-    """A small random flow (Hyper, prepared convs), a latent [inter, t] and its gaps."""
-    from backends.piper import host
+    """A small random flow (Hyper, its convs prepared by ``prepare_flow``), a latent
+    [inter, t] and its gaps."""
+    from backends.piper import flow
     from backends.piper.loader import Hyper
 
     h = Hyper(inter=8, hidden=6, flow_layers=2, flow_wn_layers=3, flow_kernel=5)
     rng = np.random.default_rng(11)
-
-    def conv(c_out: int, c_in: int, k: int) -> host.ConvWeights:
-        w = rng.standard_normal((c_out, c_in, k), dtype=np.float32) * np.float32(0.3)
-        return host.prepare(w, rng.standard_normal(c_out, dtype=np.float32))
-
-    prep = {}
+    shapes: dict[str, tuple[int, int, int]] = {}
     for i in range(0, 2 * h.flow_layers, 2):
         p = f"flow.flows.{i}"
-        prep[f"{p}.pre"] = conv(h.hidden, h.inter // 2, 1)
-        prep[f"{p}.post"] = conv(h.inter // 2, h.hidden, 1)
+        shapes[f"{p}.pre"] = (h.hidden, h.inter // 2, 1)
+        shapes[f"{p}.post"] = (h.inter // 2, h.hidden, 1)
         for j in range(h.flow_wn_layers):
             last = j == h.flow_wn_layers - 1
-            prep[f"{p}.enc.in_layers.{j}"] = conv(2 * h.hidden, h.hidden, h.flow_kernel)
-            prep[f"{p}.enc.res_skip_layers.{j}"] = conv(h.hidden * (1 if last else 2), h.hidden, 1)
+            shapes[f"{p}.enc.in_layers.{j}"] = (2 * h.hidden, h.hidden, h.flow_kernel)
+            shapes[f"{p}.enc.res_skip_layers.{j}"] = (h.hidden * (1 if last else 2), h.hidden, 1)
+    weights = {}
+    for name, shape in shapes.items():
+        weights[f"{name}.weight"] = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.3)
+        weights[f"{name}.bias"] = rng.standard_normal(shape[0], dtype=np.float32)
     gaps = [(t // 3, t // 3 + 6)] if t > 60 else []
     z = rng.standard_normal((h.inter, t), dtype=np.float32)
     for g0, g1 in gaps:
         z[:, g0:g1] = 0
-    return h, prep, z, gaps
+    return h, flow.prepare_flow(weights, h), z, gaps
 
 
 @pytest.mark.parametrize("t", [5, 9, 20, 64, 130, 257, 900])
@@ -439,12 +439,12 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
     halos (zero padding at both ends, packed-batch gaps masked before every conv; tiles
     down to narrower than the halo) and gives the conv-by-conv path's values on every
     column outside the gaps; the tiles depend on the input only, so 2 and 3 cores give the
-    same bits; an input shorter than COUPLING_TILE keeps the conv-by-conv path."""
+    same bits; an input shorter than COUPLING_TILE (or a numpy without its bundled BLAS)
+    keeps the conv-by-conv path."""
     from backends import parallel
     from backends.piper import blas, flow
 
-    if not blas.available():
-        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
+    tiles = blas.available()  # without numpy's BLAS the flow keeps the conv-by-conv path
     monkeypatch.setattr(flow, "COUPLING_TILE", 8)  # many tiles, some narrower than the halo
     h, prep, z, gaps = _flow_case(t)
     monkeypatch.setattr(parallel.SHARE, "share", lambda: 1)
@@ -465,7 +465,7 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
     for cores in (2, 3):
         monkeypatch.setattr(parallel.SHARE, "share", lambda n=cores: n)
         tile = flow._coupling_tile(t)
-        assert (tile is None) == (t < 8)
+        assert (tile is None) == (t < 8 or not tiles)
         ran.clear()
         results.append(flow.flow_reverse_host(prep, h, z.copy(), gaps))
         assert (len(ran) >= h.flow_layers) == (tile is not None)  # every coupling, or none
