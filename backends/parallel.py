@@ -20,7 +20,9 @@ gets one thread instead of its share: slower, never different (results do not
 depend on the thread count beyond the tolerances ``server.blas`` declares).
 
 Results never depend on the share: a piece computes exactly what it computes
-when the pieces run one after another.
+when the pieces run one after another. A piece is one core's work: a split started
+inside a piece (a batch's members on the cores, each member's convs split in tiles)
+runs its items in order on that piece's thread.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class CoreShare:
         self._held: int | None = None  # the count to restore when the last split ends
         self._splits = 0
         self._pool = pool  # the workers (None: one a core, started on first use)
+        self._piece = threading.local()  # .depth: pieces of this share running on the thread
 
     def _control(self) -> Any | None:
         if not self._looked_up:
@@ -110,9 +113,9 @@ class CoreShare:
                 control.set_num_threads(n)
 
     def share(self) -> int:
-        """How many pieces a split started now would run at once."""
+        """How many pieces a split started now would run at once (1 inside a piece)."""
         control = self._control()
-        if control is None:
+        if control is None or self.in_piece():
             return 1
         with self._lock:
             if self._share is not None:
@@ -120,6 +123,10 @@ class CoreShare:
             if self._splits:
                 return 1  # another split holds the BLAS at one thread: its count is not ours
             return max(1, int(control.num_threads))
+
+    def in_piece(self) -> bool:
+        """Whether the calling thread is running a piece of a split (of this share)."""
+        return bool(getattr(self._piece, "depth", 0))
 
     def run(self, piece: Callable[[T], None], items: Sequence[T]) -> None:
         """Calls ``piece(item)`` for every item, up to :meth:`share` at once, each on one
@@ -138,7 +145,7 @@ class CoreShare:
         self._enter()
         try:
             pool = self._workers()
-            queue = _Queue(piece, items)
+            queue = _Queue(self._as_piece(piece), items)
             futures = [pool.submit(queue.lane) for _ in range(workers - 1)]
             try:
                 queue.lane()
@@ -150,6 +157,19 @@ class CoreShare:
                 raise queue.error
         finally:
             self._leave()
+
+    def _as_piece(self, piece: Callable[[T], None]) -> Callable[[T], None]:
+        """``piece``, marking its thread as in a piece while it runs (see :meth:`share`)."""
+        local = self._piece
+
+        def marked(item: T) -> None:
+            local.depth = getattr(local, "depth", 0) + 1
+            try:
+                piece(item)
+            finally:
+                local.depth -= 1
+
+        return marked
 
     @contextmanager
     def one_thread(self) -> Iterator[None]:

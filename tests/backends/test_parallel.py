@@ -216,3 +216,42 @@ def test_a_split_in_another_thread_holds_the_real_blas_at_one_thread() -> None:
         worker.join()
         after = int(blas.num_threads)
     assert seen == [1, 1, 1, 1] and after == 2
+
+
+def test_a_split_inside_a_piece_runs_in_order_on_the_pieces_thread() -> None:
+    """A piece is one core's work: a split it starts (a batch member's convs in tiles) takes
+    no other core; outside any piece the share is whole again."""
+    share = CoreShare(FakeBlas(2))
+    share.set_threads(2)  # as the server's adaptive threads set it: held during splits too
+    inner: dict[int, list[tuple[int, str]]] = {}
+    shares: list[int] = []
+    both = threading.Barrier(2, timeout=30)
+
+    def piece(i: int) -> None:
+        both.wait()  # the two pieces run at once, on two threads
+        shares.append(share.share())
+        me = threading.current_thread().name
+        seen: list[tuple[int, str]] = []
+        share.run(lambda j: seen.append((j, threading.current_thread().name)), range(4))
+        inner[i] = seen
+        assert seen == [(j, me) for j in range(4)]
+
+    assert not share.in_piece()
+    share.run(piece, range(2))
+    assert shares == [1, 1] and sorted(inner) == [0, 1]
+    assert not share.in_piece() and share.share() == 2
+
+
+def test_a_failing_piece_leaves_its_thread_out_of_the_piece() -> None:
+    share = CoreShare(FakeBlas(2))
+    share.set_threads(2)
+
+    def piece(i: int) -> None:
+        raise ValueError(f"piece {i}")
+
+    with pytest.raises(ValueError):
+        share.run(piece, range(2))
+    assert not share.in_piece() and share.share() == 2
+    seen: list[str] = []
+    share.run(lambda i: seen.append(threading.current_thread().name), range(1))
+    assert len(seen) == 1 and not share.in_piece()
