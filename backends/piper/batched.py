@@ -6,9 +6,10 @@ piper's output stage: the session's rules, not a copy). ``join`` only checks and
 phonemizes; each ``step`` synthesizes the next sentence of every member in
 ``keys`` together (:meth:`~backends.piper.model.PiperModel.synthesize_batch`): the
 text encoder and duration predictor per sentence, then the flow and the HiFi-GAN
-once over a packed batch of all of them (their frames end to end, masked gaps
-between them). Members joining in the same step are therefore synthesized
-together, and with the members already running.
+once over a packed batch of them (their frames end to end, masked gaps between
+them; with several cores one such batch a core, each of a group of the members).
+Members joining in the same step are therefore synthesized together, and with the
+members already running.
 
 * A stream member (``stream=True``) emits one chunk per step, the chunk
   ``Session.stream`` yields for that sentence, and is done with its last sentence.

@@ -102,20 +102,46 @@ class PiperModel:
         packed batch: the items' frames end to end, :data:`PACK_GAP` zero frames
         apart (masked before every conv, :func:`backends.piper.host.zero_gaps`), so
         every item's audio is its own, equal to the unbatched audio up to float32
-        summation order. Elsewhere the items are decoded one after another. An item
-        that fails (bad ids, :class:`FrameLimitError`) gets its exception and is left
-        out; the others go on.
+        summation order. With several cores (:mod:`backends.parallel`'s share) the
+        items are dealt into one group a core (:func:`core_groups`), each group's
+        encoders and packed batch on its core: one pack over both cores ran 1.7x its
+        one-core time, the encoders of a wave one after another (8 texts, 2 cores:
+        3.1 s against 3.5). The groups follow the share, so an item's audio may
+        differ in the last bits between shares (within the batch's tolerance, as
+        across thread counts). Items sharing one RNG stay in one group, in order (their
+        noise is drawn in the items' order). Elsewhere the items are decoded one
+        after another. An item that fails (bad ids, :class:`FrameLimitError`) gets
+        its exception and is left out; the others go on.
         """
         be = backend or self.backend
-        out: list[Synthesis | Exception] = []
+        out: list[Synthesis | Exception | None] = [None] * len(items)
+        packed = self.prepared is not None and host.is_host(be)
+        shared_rng = any(a.rng is b.rng for i, a in enumerate(items) for b in items[i + 1 :])
+        cores = parallel.SHARE.share() if packed and not shared_rng else 1
+        parallel.run_pieces(
+            lambda group: self._synthesize_group(be, items, group, out),
+            core_groups([len(item.phoneme_ids) for item in items], cores),
+        )
+        done = [o for o in out if o is not None]
+        if len(done) != len(items):
+            raise RuntimeError("piper: an item of the batch was not synthesized")
+        return done
+
+    def _synthesize_group(
+        self,
+        be: ArrayBackend,
+        items: Sequence[SynthesisInput],
+        group: Sequence[int],
+        out: list[Synthesis | Exception | None],
+    ) -> None:
+        """:meth:`synthesize_batch` of ``items[i] for i in group``, written to ``out[i]``."""
         latents: list[tuple[int, Array, np.ndarray]] = []
-        for i, item in enumerate(items):
+        for i in group:
             try:
-                z_p, durations = self._latent(be, item)
+                z_p, durations = self._latent(be, items[i])
             except Exception as error:  # this item only
-                out.append(error)
+                out[i] = error
                 continue
-            out.append(Synthesis(audio=np.zeros(0, np.float32), durations=durations))
             latents.append((i, z_p, durations))
         if self.prepared is not None and host.is_host(be) and len(latents) > 1:
             audio = self._decode_packed([z_p[0] for _, z_p, _ in latents])
@@ -123,7 +149,6 @@ class PiperModel:
             audio = [self._decode_one(be, z_p) for _, z_p, _ in latents]
         for (i, _, durations), a in zip(latents, audio, strict=True):
             out[i] = Synthesis(audio=a, durations=durations)
-        return out
 
     # ---- internals ----------------------------------------------------------
     def _latent(self, be: ArrayBackend, item: SynthesisInput) -> tuple[Array, np.ndarray]:
@@ -193,6 +218,21 @@ class PiperModel:
                 for start, g in zip(starts, group, strict=True)
             ]
         return audio
+
+
+def core_groups(sizes: Sequence[int], cores: int) -> list[list[int]]:
+    """The indices of items of ``sizes`` (phonemes) dealt into at most ``cores`` groups of
+    about equal total size (the largest first, each to the smallest group so far; ties to
+    the lower index), each group in the items' order. A function of the sizes and the
+    count only: the same wave on the same share is grouped the same way in every run."""
+    n = max(1, min(cores, len(sizes)))
+    groups: list[list[int]] = [[] for _ in range(n)]
+    totals = [0] * n
+    for i in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        g = min(range(n), key=lambda k: (totals[k], k))
+        groups[g].append(i)
+        totals[g] += sizes[i]
+    return [sorted(g) for g in groups if g]
 
 
 def _small_products(be: ArrayBackend) -> AbstractContextManager[None]:

@@ -8,6 +8,7 @@ alone, leave and have their keys reused; stream members yield the session's chun
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from backends import parallel
 from backends.piper import (
     AudioLimitError,
     PiperChunk,
@@ -27,6 +29,7 @@ from backends.piper import (
 )
 from backends.piper import model as piper_model
 from backends.piper.batched import AUDIO_TOLERANCE
+from backends.piper.phonemize import phoneme_ids, phonemize
 from core.engine import BatchEngine, Emitted, Member
 from tests.models.batching import check_offers_an_engine
 
@@ -231,3 +234,84 @@ def test_other_backends_decode_members_one_after_another() -> None:
     session = factory.create()
     for key, request in enumerate(requests):
         assert _result(seen[key]).audio.tobytes() == session.run(request).audio.tobytes()
+
+
+@contextlib.contextmanager
+def _cores(n: int) -> Iterator[None]:
+    """The numpy backend's share of the cores at ``n`` (as the server's adaptive threads
+    set it), the BLAS's own count restored afterwards."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        parallel.SHARE.set_threads(n)
+        try:
+            yield
+        finally:
+            parallel.SHARE.set_threads(None)
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_a_wave_dealt_over_the_cores_equals_the_session(cores: int) -> None:
+    """With several cores each step's members go into one group a core (encoders and a
+    packed batch each): every member's result is still the session's within the tolerance,
+    a failing member's error its own."""
+    limited = PiperRequest(THREE, seed=3, max_seconds=1.0)
+    members = [Member(k, r, False) for k, r in enumerate(REQUESTS)]
+    members.append(Member(len(REQUESTS), limited, False))
+    used: list[list[list[int]]] = []
+    pieces: list[bool] = []
+    deal, group = piper_model.core_groups, PiperModel._synthesize_group
+
+    def spy(sizes: Sequence[int], n: int) -> list[list[int]]:
+        used.append(deal(sizes, n))
+        return used[-1]
+
+    def in_piece(self: PiperModel, *args: Any) -> None:
+        pieces.append(parallel.SHARE.in_piece())
+        group(self, *args)
+
+    with _cores(cores), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(piper_model, "core_groups", spy)
+        mp.setattr(PiperModel, "_synthesize_group", in_piece)
+        seen = _drive(_factory().engine(len(members)), {0: members})
+    assert len(used[0]) == cores  # the first step's six members on every core
+    assert pieces[:cores] == [True] * cores  # each group a piece of a split over the cores
+    for key, expected in enumerate(_expected()):
+        assert _same_result(_result(seen[key]), expected) <= AUDIO_TOLERANCE
+    assert isinstance(seen[len(REQUESTS)][-1].error, AudioLimitError)
+
+
+def test_core_groups_balance_phonemes_and_keep_the_order() -> None:
+    deal = piper_model.core_groups
+    assert deal([10, 50, 20, 30, 40], 2) == [[0, 1, 2], [3, 4]]  # 50+20+10 and 40+30
+    assert deal([5, 5, 5], 2) == [[0, 2], [1]]  # ties to the lower index
+    assert deal([7, 3], 4) == [[0], [1]]  # never more groups than items
+    assert deal([7, 3, 1], 1) == [[0, 1, 2]]
+    assert deal([], 2) == []
+    sizes = [13, 2, 40, 40, 7, 21, 9, 33]
+    groups = deal(sizes, 3)
+    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))
+    assert all(g == sorted(g) for g in groups)
+    totals = sorted(sum(sizes[i] for i in g) for g in groups)
+    assert totals[-1] - totals[0] <= max(sizes)  # LPT: within one item of each other
+
+
+def test_items_sharing_one_rng_stay_in_order_on_one_core() -> None:
+    """Noise is drawn from an item's RNG: items that share one are synthesized in order (one
+    group), so a batch of them equals the items one after another from that RNG."""
+    model = _model()
+    ids = [
+        np.asarray(phoneme_ids(phonemize(t, model.config)[0], model.config), dtype=np.int64)
+        for t in ("Yes.", "No, thanks.")
+    ]
+
+    def items(rng: np.random.Generator) -> list[piper_model.SynthesisInput]:
+        return [piper_model.SynthesisInput(i, 0.667, 1.0, 0.8, rng) for i in ids * 2]
+
+    with _cores(2):
+        batch = model.synthesize_batch(items(np.random.default_rng(7)))
+    rng = np.random.default_rng(7)
+    with threadpool_limits(limits=1, user_api="blas"):
+        alone = [model.synthesize_ids(i, 0.667, 1.0, 0.8, rng) for i in ids * 2]
+    for got, want in zip(batch, alone, strict=True):
+        assert isinstance(got, piper_model.Synthesis)
+        assert np.array_equal(got.durations, want.durations)
+        assert float(np.max(np.abs(got.audio - want.audio))) <= AUDIO_TOLERANCE
