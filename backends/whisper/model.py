@@ -242,7 +242,28 @@ def _merge_heads(be: ArrayBackend, x: Array) -> Array:
 
 
 def encode(be: ArrayBackend, w: WhisperWeights, mel: Array) -> Array:
-    """Encoder: mel [B, 80, 3000] -> hidden states [B, 1500, d]."""
+    """Encoder: mel [B, 80, 3000] -> hidden states [B, 1500, d].
+
+    On the numpy backend several windows are encoded one by one, each a piece on the
+    caller's share of the cores (:mod:`backends.parallel`: one window a core, each on one
+    BLAS thread) rather than each op split over the cores: 4 windows on 2 cores took 0.47 s
+    a window that way against 0.57 (one thread: 0.85 against 0.88). A window's values are
+    then those of one window on one BLAS thread, whatever the share or the batch. One
+    window alone keeps every core for its own ops.
+    """
+    if mel.shape[0] > 1 and isinstance(be, NumpyBackend):
+        windows: list[Array] = [None] * mel.shape[0]
+
+        def window(b: int) -> None:
+            windows[b] = _encode(be, w, be.slice(mel, 0, b, b + 1))
+
+        parallel.run_pieces(window, range(mel.shape[0]))
+        return be.concat(windows, 0)
+    return _encode(be, w, mel)
+
+
+def _encode(be: ArrayBackend, w: WhisperWeights, mel: Array) -> Array:
+    """:func:`encode`'s layers over all of ``mel``'s windows at once."""
     x = be.gelu(be.conv1d(mel, w.conv1_w, w.conv1_b, padding=1))
     x = be.gelu(be.conv1d(x, w.conv2_w, w.conv2_b, stride=2, padding=1))
     x = be.add(be.transpose(x, (0, 2, 1)), w.enc_pos)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,34 @@ def test_decoder_widening_weights_are_transposed_views_on_numpy() -> None:
             assert np.array_equal(wide, ct2.get(f"{scope}/{name}/weight"))
         for narrow in (layer.ffn.w2, layer.self_attn.w_out, layer.cross_attn.w_in):
             assert narrow.flags.c_contiguous
+
+
+def test_windows_are_encoded_one_a_core_with_one_threads_values() -> None:
+    """Several windows go to the cores one window each, every window on one BLAS thread: the
+    batch's values are exactly one window's on one thread, even where the BLAS would give
+    the op-by-op encoder two threads."""
+    from threadpoolctl import threadpool_limits
+
+    from backends import parallel
+
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    mel = np.random.default_rng(3).normal(size=(3, 80, 3000)).astype(np.float32)
+    threads: set[str] = set()
+    run = parallel.run_pieces
+
+    def spy(piece: Any, items: Any) -> None:
+        def marked(item: Any) -> None:
+            threads.add(threading.current_thread().name)
+            piece(item)
+
+        run(marked, items)
+
+    with threadpool_limits(limits=2, user_api="blas"), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parallel, "run_pieces", spy)
+        batch = model.encode(be, weights, mel)
+    with threadpool_limits(limits=1, user_api="blas"):
+        alone = [model.encode(be, weights, mel[b : b + 1]) for b in range(3)]
+    assert batch.shape == (3, 1500, weights.d_model)
+    assert batch.tobytes() == np.concatenate(alone, 0).tobytes()
+    assert len(threads) == 2 or (os.cpu_count() or 1) < 2  # the windows on both cores
