@@ -12,6 +12,9 @@ alternating so load drift hits all alike:
 * ``voxpool batched``: the same runtime with ``batching: true`` and c slots (the batch);
 * ``fw fp32 serial``: faster-whisper float32, the c files one after another (greedy, one
   temperature, as ``bench/model_whisper.py``);
+* ``voxpool batched vad_chunking``: the batched runtime again, each request with
+  ``vad_chunking`` (cut at Silero VAD's silences into pieces of at most 30 s decoded as
+  rows of the batch: what faster-whisper's batched pipeline does with its VAD);
 * ``fw fp32 batched`` / ``fw int8 batched``: faster-whisper's ``BatchedInferencePipeline``
   (batch_size 8), the c files one after another.
 
@@ -19,10 +22,13 @@ Our runtimes use the server's default BLAS thread policy (``threads: "auto"``,
 server/blas.py) as on a machine of ``threads`` cores: a session call alone gets them all,
 concurrent calls share them. With ``--http`` two ``voxpool serve`` processes (the same
 two configurations; ``threads: "auto"`` under a ``threads``-CPU affinity mask) get the
-same waves over HTTP (multipart uploads, c connections at once). BLAS threads for the
+same waves over HTTP (multipart uploads, c connections at once; the batched server also
+gets them with ``vad_chunking=true``). BLAS threads for the
 peers: ``cpu_threads``. The table gives median wave seconds and each row's ratio to
 ``fw fp32 batched`` and ``fw int8 batched``; ``same`` says whether the batched
-runtime's texts equal the unbatched one's.
+runtime's texts equal the unbatched one's (not given for ``vad_chunking`` rows: chunked
+texts differ from sequential decoding by design, docs/performance.md, "VAD-chunked long
+audio", and the HTTP waves' audio is quantized to 16-bit WAV).
 
 TTS (``--task tts``): a wave is c of ``bench/model_piper.py``'s texts, cycled, on the
 runtime unbatched (2 slots) and batched (c slots), and ``piper-tts serial``
@@ -57,6 +63,8 @@ from bench.batched_models import _whisper_inputs  # noqa: E402
 from bench.common import blas_threads, markdown_table  # noqa: E402
 
 Wave = Callable[[list[np.ndarray]], list[str]]
+CHUNKED = "voxpool batched vad_chunking"
+HTTP_CHUNKED = "http batched vad_chunking"
 SETTLE_S = 1.0
 """Pause before each timed wave: the previous one's spinning worker threads (OpenMP in
 CTranslate2 and onnxruntime, OpenBLAS's pool) go idle instead of stealing the next one's
@@ -65,9 +73,9 @@ cores."""
 
 def _runtime_wave(
     slots: int, batching: bool, task: str = "asr", threads: int = 1
-) -> tuple[Any, Wave]:
-    """A portal-driven runtime serving one model of ``task``; its wave submits every request
-    at once."""
+) -> tuple[Any, Callable[[bool], Wave]]:
+    """A portal-driven runtime serving one model of ``task``, and its waves (every request
+    submitted at once; ``wave(True)``: ASR requests with ``vad_chunking``)."""
     from anyio.from_thread import start_blocking_portal
 
     from server.blas import AdaptiveThreads
@@ -90,32 +98,32 @@ def _runtime_wave(
     held = portal.wrap_async_context_manager(rt)  # entered and left in one task
     held.__enter__()
 
-    async def run_all(inputs: list[Any]) -> list[str]:
+    async def run_all(inputs: list[Any], chunked: bool) -> list[str]:
         out = [""] * len(inputs)
 
         async def one(k: int) -> None:
-            out[k] = _fingerprint(await rt.run("m", _request(task, inputs[k])))
+            out[k] = _fingerprint(await rt.run("m", _request(task, inputs[k], chunked)))
 
         async with anyio.create_task_group() as tg:
             for k in range(len(inputs)):
                 tg.start_soon(one, k)
         return out
 
-    def wave_fn(inputs: list[Any]) -> list[str]:
-        return portal.call(run_all, inputs)
+    def make_wave(chunked: bool) -> Wave:
+        return lambda inputs: portal.call(run_all, inputs, chunked)
 
     def close() -> None:
         held.__exit__(None, None, None)
         cm.__exit__(None, None, None)
 
-    return close, wave_fn
+    return close, make_wave
 
 
-def _request(task: str, given: Any) -> Any:
+def _request(task: str, given: Any, vad_chunking: bool = False) -> Any:
     if task == "asr":
         from backends.whisper import WhisperRequest
 
-        return WhisperRequest(given)
+        return WhisperRequest(given, vad_chunking=vad_chunking)
     from backends.piper import PiperRequest
 
     return PiperRequest(given, noise_w=0.0, seed=0)
@@ -182,8 +190,11 @@ def _wav(audio: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _http_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[Any, Wave]:
-    """A ``voxpool serve`` process; its wave posts every file at once on its own connection."""
+def _http_wave(
+    slots: int, batching: bool, threads: int, logs: Path
+) -> tuple[Any, Callable[[bool], Wave]]:
+    """A ``voxpool serve`` process and its waves: every file posted at once on its own
+    connection (``wave(True)``: with ``vad_chunking=true``)."""
     import httpx
 
     from tests.server.live import LiveServer
@@ -210,22 +221,25 @@ def _http_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[An
             else:
                 os.environ[var] = value
 
-    def one(data: bytes) -> str:
+    def one(data: bytes, chunked: bool) -> str:
         r = httpx.post(
             server.url + "/v1/audio/transcriptions",
             files={"file": ("a.wav", data, "audio/wav")},
-            data={"model": "whisper"},
+            data={"model": "whisper", "vad_chunking": "true" if chunked else "false"},
             timeout=600.0,
         )
         r.raise_for_status()
         return str(r.json()["text"])
 
-    def wave_fn(audios: list[np.ndarray]) -> list[str]:
-        files = [_wav(a) for a in audios]
-        with ThreadPoolExecutor(len(files)) as pool:
-            return list(pool.map(one, files))
+    def make_wave(chunked: bool) -> Wave:
+        def wave_fn(audios: list[np.ndarray]) -> list[str]:
+            files = [_wav(a) for a in audios]
+            with ThreadPoolExecutor(len(files)) as pool:
+                return list(pool.map(lambda data: one(data, chunked), files))
 
-    return server.stop, wave_fn
+        return wave_fn
+
+    return server.stop, make_wave
 
 
 def _measure(waves: dict[str, Wave], audios: list[np.ndarray], repeats: int) -> dict[str, Any]:
@@ -255,14 +269,19 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
             closers.append(close)
             close, batched = _runtime_wave(max(c, 1), True, threads=threads)
             closers.append(close)
-            waves: dict[str, Wave] = {"voxpool slots=2": slots2, "voxpool batched": batched}
+            waves: dict[str, Wave] = {
+                "voxpool slots=2": slots2(False),
+                "voxpool batched": batched(False),
+                CHUNKED: batched(True),
+            }
             if http:
                 close, w = _http_wave(2, False, threads, logs)
                 closers.append(close)
-                waves["http slots=2"] = w
+                waves["http slots=2"] = w(False)
                 close, w = _http_wave(max(c, 1), True, threads, logs)
                 closers.append(close)
-                waves["http batched"] = w
+                waves["http batched"] = w(False)
+                waves[HTTP_CHUNKED] = w(True)
             waves["fw fp32 serial"] = _peer_wave("float32", threads, batched=False)
             waves["fw fp32 batched"] = _peer_wave("float32", threads, batched=True)
             waves["fw int8 batched"] = _peer_wave("int8", threads, batched=True)
@@ -283,7 +302,9 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
                         "wave_s": round(wall, 2),
                         "vs_fp32_batched": round(wall / got["fw fp32 batched"][0], 2),
                         "vs_int8_batched": round(wall / got["fw int8 batched"][0], 2),
-                        "same": same if name.startswith(("voxpool", "http")) else "",
+                        "same": same
+                        if name.startswith(("voxpool", "http")) and "vad_chunking" not in name
+                        else "",
                     }
                 )
             print(markdown_table(rows[-len(got) :]), flush=True)
@@ -303,8 +324,8 @@ def run_tts(concurrency: list[int], threads: int, repeats: int) -> list[dict[str
             close_a, slots2 = _runtime_wave(2, False, "tts", threads)
             close_b, batched = _runtime_wave(max(c, 1), True, "tts", threads)
             waves = {
-                "voxpool slots=2": slots2,
-                "voxpool batched": batched,
+                "voxpool slots=2": slots2(False),
+                "voxpool batched": batched(False),
                 "piper-tts serial": _piper_wave(threads),
             }
             try:
