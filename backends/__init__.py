@@ -21,9 +21,9 @@ BLAS_THREAD_TIMEOUT = "20"
 (2**20: about 0.3 ms, longer than the gaps between the products of a decoding step)."""
 
 
-def _reread_blas_timeout() -> bool:
+def _reread_blas_timeout() -> None:
     """Has an OpenBLAS that numpy loaded already take ``OPENBLAS_THREAD_TIMEOUT`` from the
-    environment as it is now; True where every one did. OpenBLAS reads the setting when it
+    environment as it is now. OpenBLAS reads the setting when it
     loads and gives it to its threads when it starts them, so this has it read its
     environment again (``openblas_read_env``: every ``OPENBLAS_*`` variable, of which only
     the timeout still matters once it runs) and, where the value changed, stops its idle
@@ -38,21 +38,17 @@ def _reread_blas_timeout() -> bool:
 
         wanted = int(os.environ["OPENBLAS_THREAD_TIMEOUT"])
     except (ImportError, ValueError):  # pragma: no cover - no threadpoolctl, or not a number
-        return False
+        return
     if threading.active_count() > 1:
-        return False
-    done = True
+        return
     for controller in ThreadpoolController().select(internal_api="openblas").lib_controllers:
         lib = controller.dynlib
         names = ("openblas_thread_timeout", "openblas_read_env", "blas_thread_shutdown_")
         if controller.threading_layer != "pthreads" or not all(hasattr(lib, n) for n in names):
-            done = False  # pragma: no cover - an OpenMP build, or an OpenBLAS without them
-            continue
+            continue  # pragma: no cover - an OpenMP build, or an OpenBLAS without them
         if lib.openblas_thread_timeout() != wanted:
             lib.openblas_read_env()
             lib.blas_thread_shutdown_()
-        done = done and lib.openblas_thread_timeout() == wanted
-    return done
 
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", BLAS_THREAD_TIMEOUT)

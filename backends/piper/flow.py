@@ -111,7 +111,7 @@ def _coupling_tile(t: int) -> int | None:
     it saves: the flow at two threads took as long as at one. Tiles run the whole
     coupling instead, one hand-over per coupling, for a halo of
     ``layers * (kernel - 1) / 2`` columns computed twice."""
-    if parallel.SHARE.share() <= 1 or t < COUPLING_TILE or not (host.USE_TAPS and blas.available()):
+    if parallel.SHARE.share() <= 1 or t < COUPLING_TILE or not host.use_taps():
         return None
     tiles = 2 * max(1, round(t / (2 * COUPLING_TILE)))
     return -(-t // tiles)

@@ -145,6 +145,11 @@ USE_TAPS = True
 False: the im2col paths (also where it was not found)."""
 
 
+def use_taps() -> bool:
+    """Whether convs run as per-tap GEMMs (:data:`USE_TAPS` and numpy's BLAS found)."""
+    return USE_TAPS and blas.available()
+
+
 def conv_same(
     x: np.ndarray,
     cw: ConvWeights,
@@ -172,7 +177,7 @@ def conv_same(
     GEMMs adding into the output tile (:func:`blas.conv_taps`: no im2col copy, bias
     and residual written first); else one im2col GEMM per tile.
     """
-    if not (USE_TAPS and blas.available()):
+    if not use_taps():
         _conv_same_im2col(
             x, cw, out, slope=slope, residual=residual, add_to=add_to, scale=scale,
             post_slope=post_slope, gaps=gaps,
@@ -232,7 +237,7 @@ def resblocks(
     (the halo of ``y``, a few columns, is computed twice). Without numpy's BLAS, the
     same per tile with im2col GEMMs. ``out`` must not overlap ``x``.
     """
-    if not (USE_TAPS and blas.available()):
+    if not use_taps():
         _resblocks_im2col(x, blocks, out, slope=slope, post_slope=post_slope, gaps=gaps)
         return
     zero_gaps(x, gaps)

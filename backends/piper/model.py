@@ -115,9 +115,9 @@ class PiperModel:
         """
         be = backend or self.backend
         out: list[Synthesis | Exception | None] = [None] * len(items)
-        packed = self.prepared is not None and host.is_host(be)
         shared_rng = any(a.rng is b.rng for i, a in enumerate(items) for b in items[i + 1 :])
-        cores = parallel.SHARE.share() if packed and not shared_rng else 1
+        host_path = self._on_host(be) is not None
+        cores = parallel.SHARE.share() if host_path and not shared_rng else 1
         parallel.run_pieces(
             lambda group: self._synthesize_group(be, items, group, out),
             core_groups([len(item.phoneme_ids) for item in items], cores),
@@ -143,7 +143,7 @@ class PiperModel:
                 out[i] = error
                 continue
             latents.append((i, z_p, durations))
-        if self.prepared is not None and host.is_host(be) and len(latents) > 1:
+        if self._on_host(be) is not None and len(latents) > 1:
             audio = self._decode_packed([z_p[0] for _, z_p, _ in latents])
         else:
             audio = [self._decode_one(be, z_p) for _, z_p, _ in latents]
@@ -151,6 +151,11 @@ class PiperModel:
             out[i] = Synthesis(audio=a, durations=durations)
 
     # ---- internals ----------------------------------------------------------
+    def _on_host(self, be: ArrayBackend) -> host.Prepared | None:
+        """The prepared convs where ``be`` runs the fused host paths (numpy: packed batches,
+        tiles and groups of items on the cores), else None."""
+        return self.prepared if host.is_host(be) else None
+
     def _latent(self, be: ArrayBackend, item: SynthesisInput) -> tuple[Array, np.ndarray]:
         """Checks, text encoder, durations and the prior sample: (z_p [1, C, T'], durations)."""
         w, h, rng = self.weights, self.hyper, item.rng
@@ -188,8 +193,9 @@ class PiperModel:
 
     def _decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
         """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""
-        if self.prepared is not None and host.is_host(be):
-            audio = generate_host(self.prepared, self.hyper, self._flow_host(z_p[0], ()))
+        prepared = self._on_host(be)
+        if prepared is not None:
+            audio = generate_host(prepared, self.hyper, self._flow_host(z_p[0], ()))
         else:
             z = flow_reverse(be, self.weights, self.hyper, z_p)
             audio = be.to_host(generate(be, self.weights, self.hyper, z)).reshape(-1)

@@ -283,8 +283,9 @@ def _encode(be: ArrayBackend, w: WhisperWeights, mel: Array) -> Array:
 
 def _attention_per_window(be: ArrayBackend, q: Array, k: Array, v: Array) -> Array:
     """Self-attention [B, H, T, D] one window at a time (the linear layers around it run on
-    all windows at once): a window's score blocks then stay the size they are for one
-    window; 8 windows in one call ran 1.5x slower per window on numpy, one thread."""
+    all windows at once), so the score blocks stay one window's size (6 x 1500 x 1500
+    floats, 54 MB, against 432 MB for 8 windows in one call). Numpy never gets here with
+    several windows: :func:`encode` gives it one window a piece."""
     batch = q.shape[0]
     if batch == 1:
         return be.attention(q, k, v)

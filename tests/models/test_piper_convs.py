@@ -222,6 +222,14 @@ def test_piper_fused_conv_matches_the_backend_ops(
     np.testing.assert_allclose(out, BE.conv1d(x[None], w, None, 1, pad, d)[0], atol=TOL, rtol=TOL)
 
 
+def _outside(gaps: list[tuple[int, int]], t: int) -> np.ndarray:
+    """The columns of ``t`` outside ``gaps`` (a packed batch's gap columns hold garbage)."""
+    keep = np.ones(t, bool)
+    for g0, g1 in gaps:
+        keep[g0:g1] = False
+    return keep
+
+
 @pytest.mark.parametrize("path", ["taps", "im2col"])
 @pytest.mark.parametrize("small", [True, False])
 def test_piper_depth_first_resblocks_match_conv_by_conv(
@@ -256,9 +264,7 @@ def test_piper_depth_first_resblocks_match_conv_by_conv(
         host.conv_same(y, cw2, y2, slope=0.1, residual=True, gaps=gaps)
         ref += y2
     ref = BE.leaky_relu(ref * np.float32(1 / 3), 0.01)
-    keep = np.ones(t, bool)
-    for g0, g1 in gaps:
-        keep[g0:g1] = False  # gap columns are garbage either way
+    keep = _outside(gaps, t)  # gap columns are garbage either way
     np.testing.assert_allclose(out[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
 
 
@@ -458,9 +464,7 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
         real_run(self, starts)
 
     monkeypatch.setattr(flow._CouplingTiles, "run", run)
-    keep = np.ones(t, bool)
-    for g0, g1 in gaps:
-        keep[g0:g1] = False  # gap columns are garbage either way
+    keep = _outside(gaps, t)  # gap columns are garbage either way
     results = []
     for cores in (2, 3):
         monkeypatch.setattr(parallel.SHARE, "share", lambda n=cores: n)
@@ -488,9 +492,7 @@ def test_piper_flow_without_numpys_blas_keeps_the_conv_by_conv_path(
     monkeypatch.setattr(parallel.SHARE, "share", lambda: 2)
     monkeypatch.setattr(host, "USE_TAPS", False)
     assert flow._coupling_tile(300) is None
-    keep = np.ones(300, bool)
-    for g0, g1 in gaps:
-        keep[g0:g1] = False
+    keep = _outside(gaps, 300)
     got = flow.flow_reverse_host(prep, h, z.copy(), gaps)
     np.testing.assert_allclose(got[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
     wide = dict(prep)
