@@ -115,7 +115,7 @@ class PiperModel:
         """
         be = backend or self.backend
         out: list[Synthesis | Exception | None] = [None] * len(items)
-        shared_rng = any(a.rng is b.rng for i, a in enumerate(items) for b in items[i + 1 :])
+        shared_rng = len({item.rng for item in items}) < len(items)  # by identity
         host_path = self._on_host(be) is not None
         cores = parallel.SHARE.share() if host_path and not shared_rng else 1
         parallel.run_pieces(
