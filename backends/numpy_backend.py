@@ -2,7 +2,8 @@
 
 Most ops are :class:`backends.xp_backend.XpBackend`'s with numpy as the array
 module; this subclass keeps what is CPU-specific: host arrays are taken as they
-are (no upload), GELU runs in cache-sized chunks, and the layers are tuned for
+are (no upload), GELU and the softmax run as fused loops (:mod:`backends.kernels`,
+GELU in cache-sized chunks on the caller's cores), and the layers are tuned for
 CPU caches and BLAS (tiled im2col conv, polyphase transposed conv, a row-wise
 LSTM whose rows never depend on the batch, attention in query blocks).
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from backends import erf, parallel, shapes
+from backends import kernels, parallel, shapes
 from backends.base import Array
 from backends.xp_backend import XpBackend, check_lstm
 
@@ -32,18 +33,32 @@ class NumpyBackend(XpBackend):
         return x  # host arrays (and scalars) are numpy's own operands
 
     def gelu(self, x: Array) -> Array:
-        # large inputs go through in chunks (same values, faster than whole-array passes,
-        # see _CHUNK), spread over the caller's share of the cores
-        if x.size <= _CHUNK:
-            return erf.gelu(np, x)
+        """:func:`backends.kernels.gelu` (numpy's :func:`backends.erf.gelu` bit for bit, in one
+        pass); large inputs in chunks (:data:`_CHUNK`) spread over the caller's share of the
+        cores. Other dtypes: the array-module formula."""
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            return super().gelu(x)
         flat = np.ascontiguousarray(x).reshape(-1)
         out = np.empty_like(flat)
+        if flat.size <= _CHUNK:
+            kernels.gelu(flat, out)
+            return out.reshape(x.shape)
 
         def chunk(i: int) -> None:
-            out[i : i + _CHUNK] = erf.gelu(np, flat[i : i + _CHUNK])
+            kernels.gelu(flat[i : i + _CHUNK], out[i : i + _CHUNK])
 
         parallel.run_pieces(chunk, range(0, flat.size, _CHUNK))  # on the caller's cores
         return out.reshape(x.shape)
+
+    def softmax(self, x: Array, axis: int = -1) -> Array:
+        """Over the last axis of float32: :func:`_exp_rows` on a copy, then the division."""
+        x = np.asarray(x)
+        if x.dtype != np.float32 or axis not in (-1, x.ndim - 1) or x.size == 0:
+            return super().softmax(x, axis)
+        e = np.array(x, dtype=np.float32, order="C")
+        e /= _exp_rows(e)
+        return e
 
     def matmul(self, a: Array, b: Array) -> Array:
         """A few rows times a wide matrix (Whisper's vocabulary projection of a decoding
@@ -93,6 +108,29 @@ class NumpyBackend(XpBackend):
         if b is not None:
             y = y + b[None, :, None]
         return np.ascontiguousarray(y)
+
+    def layer_norm(
+        self, x: Array, gamma: Array | None, beta: Array | None, eps: float = 1e-5
+    ) -> Array:
+        """:func:`backends.kernels.layer_norm` on float32 rows with both gamma and beta (one
+        pass a row instead of nine numpy operations: a decoding step's norms are rows of
+        384); anything else as XpBackend's."""
+        if not (
+            isinstance(x, np.ndarray)
+            and x.dtype == np.float32
+            and x.ndim >= 1
+            and x.size
+            and all(
+                isinstance(v, np.ndarray) and v.dtype == np.float32 and v.shape == x.shape[-1:]
+                for v in (gamma, beta)
+            )
+        ):
+            return super().layer_norm(x, gamma, beta, eps)
+        rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+        out = np.empty_like(rows)
+        g, b = np.ascontiguousarray(gamma), np.ascontiguousarray(beta)
+        kernels.layer_norm(rows, g, b, np.float32(eps), out)
+        return out.reshape(x.shape)
 
     def _normalise(self, x: Array, eps: float) -> Array:
         """XpBackend's normalisation by np.mean's own steps without its Python overhead
@@ -181,12 +219,11 @@ class NumpyBackend(XpBackend):
 
         def head(index: tuple[int, ...]) -> None:
             scores_buf = np.empty((tile, keys), dtype=out.dtype)
-            peak = np.empty((tile, 1), dtype=out.dtype)
             total = np.empty((tile, 1), dtype=out.dtype)
             k_t = kh[index].T
             for i in range(0, rows, tile):
                 n = min(tile, rows - i)
-                scores, top, norm = scores_buf[:n], peak[:n], total[:n]
+                scores, norm = scores_buf[:n], total[:n]
                 if exact:
                     np.matmul(qh[index][i : i + n] * s, k_t, out=scores)
                 else:
@@ -194,10 +231,7 @@ class NumpyBackend(XpBackend):
                     scores *= s
                 if masks is not None:
                     scores += masks[index][i : i + n]
-                np.max(scores, axis=-1, keepdims=True, out=top)
-                scores -= top
-                np.exp(scores, out=scores)
-                np.sum(scores, axis=-1, keepdims=True, out=norm)
+                _exp_rows(scores, norm)
                 dst = out[index][i : i + n]
                 np.matmul(scores, vh[index], out=dst)
                 dst /= norm
@@ -221,10 +255,8 @@ class NumpyBackend(XpBackend):
                 scores += mask
             else:
                 scores = scores + mask
-        # softmax in place on our own score buffer (same operations as ``softmax``)
-        scores -= np.max(scores, axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= np.sum(scores, axis=-1, keepdims=True)
+        # softmax in place on our own score buffer (as ``softmax``)
+        scores /= _exp_rows(scores)
         return np.matmul(scores, v)
 
 
@@ -237,13 +269,26 @@ def _lstm_gate_scale(hid: int) -> np.ndarray:
     return half
 
 
+def _exp_rows(scores: np.ndarray, sums: np.ndarray | None = None) -> np.ndarray:
+    """``scores = exp(scores - max)`` over the last axis, in place; returns the new rows' sums
+    [..., 1] (written into ``sums`` when given): :func:`backends.kernels.softmax_rows` for
+    float32 scores in one C-contiguous block (``sums`` then C-contiguous too), numpy's passes
+    for anything else."""
+    if sums is None:
+        sums = np.empty((*scores.shape[:-1], 1), scores.dtype)
+    if scores.dtype == np.float32 and scores.flags.c_contiguous and sums.flags.c_contiguous:
+        kernels.softmax_rows(scores.reshape(-1, scores.shape[-1]), sums.reshape(-1, 1))
+        return sums
+    scores -= np.max(scores, axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    np.sum(scores, axis=-1, keepdims=True, out=sums)
+    return sums
+
+
 _CHUNK = 1 << 18
-"""Elements of one chunk of an elementwise op that runs in chunks (GELU: about 28 numpy
-passes a chunk). Each pass releases the GIL only while its loop runs, so chunks on two
-cores hand the GIL over about 28 times a chunk, a thread wake-up each: Whisper's encoder
-GELU ([1500, 1536]) at 2 threads took 8.6-11.2 ms in chunks of 65,536 (1 thread 9.3-12.8)
-and 5.3 in chunks of 262,144 (1 thread 8.8-10.8: a chunk's temporaries then live in L3
-rather than L2, which costs less than the passes' overhead saves)."""
+"""Elements of one piece of a large GELU on the caller's cores (1 MB of float32: about a
+quarter of a millisecond of :func:`backends.kernels.gelu`, long against handing a piece to
+another core; Whisper's encoder GELU [1500, 1536] is nine)."""
 _ATTENTION_BLOCK = 1 << 20  # score elements up to which attention runs as whole products
 _ATTENTION_TILE = 1 << 18  # score elements of one head's query tile (1 MB: L2)
 

@@ -1,0 +1,267 @@
+"""Fused float32 loops of the numpy backend, compiled by numba: one pass where numpy needs several.
+
+numpy runs an elementwise formula as one pass over memory per operation, each
+allocating or overwriting a temporary: a softmax row is a max, a subtraction,
+an ``exp`` and a sum, four passes, and numpy's float32 ``exp`` runs at 0.3-0.6
+billion elements a second on the 2-core AMD EPYC this project is measured on
+(about 45% of Whisper's encoder attention outside its two products). These
+kernels do each formula in one loop that LLVM vectorizes, on the caller's
+thread with the GIL released (``nogil``), so the pieces of a split
+(:mod:`backends.parallel`) run them on their cores at once.
+
+What they compute, and how it compares with numpy's:
+
+* :func:`softmax_rows` (rows of a score map, in place, and their sums): ``exp``
+  as a degree-7 polynomial after a Cody-Waite reduction (Cephes' ``expf``),
+  within 2e-7 relative of numpy's ``exp``; the row max and the row sum in eight
+  interleaved accumulators combined in a fixed order, so a row's sum has the
+  same bits on every x86-64 CPU and at any thread count (not numpy's pairwise
+  order: the sums differ from numpy's in the last bits).
+* :func:`gelu` (exact GELU): the very operations of :func:`backends.erf.gelu`,
+  in the same order, in float32 with no contraction into fused multiply-adds,
+  so its values equal numpy's bit for bit.
+
+The kernels are compiled when this module is first imported (2-3 s) and cached next to
+it (numba's ``cache=True``; where that folder is read-only, numba's per-user cache), so
+later imports load them (about 0.1 s, beside numba's own import, about 0.4 s). Only the
+numpy backend uses them; the OpenCL and CUDA backends have kernels of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
+
+from backends.erf import ERF_ALPHA, ERF_BETA
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OPTIONS: dict[str, Any] = {
+    "nogil": True,
+    "cache": True,
+    "boundscheck": False,
+    "error_model": "numpy",  # no division check in the loops (it keeps them from vectorizing)
+}
+
+# Cephes expf: exp(x) = 2**k * exp(r), k = round(x / ln 2), r = x - k ln 2 (two parts)
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_P = tuple(
+    np.float32(c)
+    for c in (
+        1.9875691500e-4,
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    )
+)
+_EXP_LOW = np.float32(-87.0)
+"""Below this ``exp`` is taken as 0 (it is under 1.7e-38: float32's normal range ends there)."""
+
+_P0, _P1, _P2, _P3, _P4, _P5 = _EXP_P
+_A0, _A1, _A2, _A3, _A4, _A5, _A6 = ERF_ALPHA
+_B0, _B1, _B2, _B3, _B4 = ERF_BETA
+_SQRT2 = np.float32(math.sqrt(2.0))
+_HALF, _ONE, _FOUR = np.float32(0.5), np.float32(1.0), np.float32(4.0)
+
+
+def _compiled(function: F) -> F:
+    """``function`` for numba to compile with this module's options where a kernel calls it."""
+    return cast(F, njit(**_OPTIONS)(function))
+
+
+def _array(ndim: int, readonly: bool = False) -> Any:
+    """The numba type of a C-contiguous float32 array (a writable one converts to readonly)."""
+    return types.Array(types.float32, ndim, "C", readonly=readonly)
+
+
+_IN1, _IN2, _OUT1, _OUT2 = _array(1, True), _array(2, True), _array(1), _array(2)
+
+
+def _kernel(signature: Any) -> Callable[[F], F]:
+    """A kernel compiled for ``signature`` when this module is imported (or loaded from the
+    cache): never in a request, and other argument types are refused (TypeError) rather
+    than compiled."""
+
+    def compile_now(function: F) -> F:
+        return cast(F, njit(signature, **_OPTIONS)(function))
+
+    return compile_now
+
+
+def _float_bits_typing(typingctx: Any, bits: Any) -> Any:
+    signature = types.float32(types.int32)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return signature, codegen
+
+
+_float_bits = cast(Callable[[Any], Any], intrinsic(_float_bits_typing))
+"""The float32 whose bit pattern is an int32 (a bitcast: no conversion)."""
+
+
+@_compiled
+def _exp_le0(x: Any) -> Any:  # pragma: no cover - compiled
+    """``exp(x)`` for ``x <= 0`` (a softmax's shifted scores); 0 below :data:`_EXP_LOW`."""
+    c = x if x > _EXP_LOW else _EXP_LOW
+    k = np.floor(c * _LOG2E + _HALF)
+    r = c - k * _LN2_HI - k * _LN2_LO
+    p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    p = p * r * r + r + _ONE
+    e = p * _float_bits(np.int32((np.int32(k) + 127) << 23))
+    return e if x >= _EXP_LOW else np.float32(0.0)
+
+
+@_compiled
+def _row_max(row: Any) -> Any:  # pragma: no cover - compiled
+    """The largest element of a float32 row (eight interleaved maxima, then those)."""
+    n = row.shape[0]
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    end = n - n % 8
+    for j in range(0, end, 8):
+        m0 = row[j] if row[j] > m0 else m0
+        m1 = row[j + 1] if row[j + 1] > m1 else m1
+        m2 = row[j + 2] if row[j + 2] > m2 else m2
+        m3 = row[j + 3] if row[j + 3] > m3 else m3
+        m4 = row[j + 4] if row[j + 4] > m4 else m4
+        m5 = row[j + 5] if row[j + 5] > m5 else m5
+        m6 = row[j + 6] if row[j + 6] > m6 else m6
+        m7 = row[j + 7] if row[j + 7] > m7 else m7
+    for j in range(end, n):
+        m0 = row[j] if row[j] > m0 else m0
+    a = m0 if m0 > m1 else m1
+    b = m2 if m2 > m3 else m3
+    c = m4 if m4 > m5 else m5
+    d = m6 if m6 > m7 else m7
+    a = a if a > b else b
+    c = c if c > d else d
+    return a if a > c else c
+
+
+@_compiled
+def _exp_row(row: Any, top: Any) -> None:  # pragma: no cover - compiled
+    """``row = exp(row - top)`` in place."""
+    for j in range(row.shape[0]):
+        row[j] = _exp_le0(row[j] - top)
+
+
+@_compiled
+def _row_sum(row: Any) -> Any:  # pragma: no cover - compiled
+    """The sum of a float32 row: eight interleaved partial sums, then those in a fixed order."""
+    n = row.shape[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    end = n - n % 8
+    for j in range(0, end, 8):
+        s0 += row[j]
+        s1 += row[j + 1]
+        s2 += row[j + 2]
+        s3 += row[j + 3]
+        s4 += row[j + 4]
+        s5 += row[j + 5]
+        s6 += row[j + 6]
+        s7 += row[j + 7]
+    for j in range(end, n):
+        s0 += row[j]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@_compiled
+def _row_square_sum(row: Any) -> Any:  # pragma: no cover - compiled
+    """The sum of a float32 row's squares, in :func:`_row_sum`'s order."""
+    n = row.shape[0]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    end = n - n % 8
+    for j in range(0, end, 8):
+        s0 += row[j] * row[j]
+        s1 += row[j + 1] * row[j + 1]
+        s2 += row[j + 2] * row[j + 2]
+        s3 += row[j + 3] * row[j + 3]
+        s4 += row[j + 4] * row[j + 4]
+        s5 += row[j + 5] * row[j + 5]
+        s6 += row[j + 6] * row[j + 6]
+        s7 += row[j + 7] * row[j + 7]
+    for j in range(end, n):
+        s0 += row[j] * row[j]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@_kernel(types.void(_OUT2, _OUT2))
+def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
+    """Each row of the float32 ``scores`` [n, m] becomes ``exp(row - max(row))``, in place;
+    ``sums`` [n, 1] gets each new row's sum (the softmax's divisor, left to the caller)."""
+    if sums.shape[0] != scores.shape[0] or sums.shape[1] != 1:
+        raise ValueError("softmax_rows: sums must be [rows, 1]")
+    for i in range(scores.shape[0]):
+        row = scores[i]
+        _exp_row(row, _row_max(row))
+        sums[i, 0] = _row_sum(row)
+
+
+@_kernel(types.void(_IN1, _OUT1))
+def gelu(x: Any, out: Any) -> None:  # pragma: no cover - compiled
+    """``out = gelu(x)`` over float32 vectors: :func:`backends.erf.gelu`'s operations, in order."""
+    if out.shape[0] != x.shape[0]:
+        raise ValueError("gelu: out must have the length of x")
+    for j in range(x.shape[0]):
+        v = x[j]
+        t = v / _SQRT2
+        t = t if t > -_FOUR else -_FOUR
+        t = t if t < _FOUR else _FOUR
+        t2 = t * t
+        p = t2 * _A0
+        p = (p + _A1) * t2
+        p = (p + _A2) * t2
+        p = (p + _A3) * t2
+        p = (p + _A4) * t2
+        p = (p + _A5) * t2
+        p = p + _A6
+        q = t2 * _B0
+        q = (q + _B1) * t2
+        q = (q + _B2) * t2
+        q = (q + _B3) * t2
+        q = q + _B4
+        e = (p * t) / q
+        out[j] = _HALF * v * (_ONE + e)
+
+
+@_kernel(types.void(_IN2, _IN1, _IN1, types.float32, _OUT2))
+def layer_norm(x: Any, gamma: Any, beta: Any, eps: Any, out: Any) -> None:  # pragma: no cover
+    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` over each row of ``x`` [n, d]
+    (mean and biased variance over the row, their sums as :func:`_row_sum`'s)."""
+    d = x.shape[1]
+    if gamma.shape[0] != d or beta.shape[0] != d or out.shape[0] != x.shape[0] or out.shape[1] != d:
+        raise ValueError("layer_norm: gamma and beta must have a row's length, out x's shape")
+    size = np.float32(d)
+    for i in range(x.shape[0]):
+        row, dst = x[i], out[i]
+        mean = _row_sum(row) / size
+        for j in range(d):
+            dst[j] = row[j] - mean
+        std = np.sqrt(_row_square_sum(dst) / size + eps)
+        for j in range(d):
+            dst[j] = dst[j] / std * gamma[j] + beta[j]
+
+
+def _first_calls() -> None:
+    """Each kernel called once on a tiny input when the module is imported: numba's first
+    call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
+    a model, not to its first request (``tests/models/test_piper_warm_up.py``)."""
+    rows, sums = np.zeros((1, 8), np.float32), np.zeros((1, 1), np.float32)
+    softmax_rows(rows, sums)
+    gelu(rows[0], rows[0])
+    layer_norm(rows, rows[0], rows[0], np.float32(1e-5), rows)
+
+
+_first_calls()

@@ -1,0 +1,149 @@
+"""The numba kernels of the numpy backend (backends/kernels.py) against numpy's formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from backends import erf, kernels
+from backends.numpy_backend import NumpyBackend, _exp_rows
+
+
+def _numpy_exp_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The exact exp (float64) of the same float32 differences as the kernel's, and sums."""
+    e = np.exp((x - x.max(axis=-1, keepdims=True)).astype(np.float64))
+    return e, e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 64, 1500])
+def test_softmax_rows_matches_exp_to_float32_rounding(width: int) -> None:
+    rng = np.random.default_rng(width)
+    x = (rng.standard_normal((37, width)) * rng.uniform(0.1, 40, (37, 1))).astype(np.float32)
+    want, want_sums = _numpy_exp_rows(x)
+    got, sums = x.copy(), np.empty((37, 1), np.float32)
+    kernels.softmax_rows(got, sums)
+    assert np.all(got.max(axis=-1) == 1.0)  # the row's maximum maps to exp(0) exactly
+    assert np.allclose(got, want, rtol=4e-7, atol=1e-37)
+    assert np.allclose(sums, want_sums, rtol=2e-6)
+
+
+def test_softmax_rows_masked_scores_are_zero_and_tiny_ones_vanish() -> None:
+    x = np.zeros((3, 20), np.float32)
+    x[0, 5:] = -np.inf  # a causal mask's row
+    x[1, ::2] = -100.0  # exp(-100) is below float32's normal range
+    x[2, 3] = np.float32(-86.5)  # just inside it
+    got, sums = x.copy(), np.empty((3, 1), np.float32)
+    kernels.softmax_rows(got, sums)
+    assert np.array_equal(got[0], np.r_[np.ones(5), np.zeros(15)].astype(np.float32))
+    assert np.all(got[1, ::2] == 0.0) and np.all(got[1, 1::2] == 1.0)
+    assert got[2, 3] == pytest.approx(np.exp(np.float64(-86.5)), rel=1e-6)
+    assert sums[:, 0].tolist() == [5.0, 10.0, pytest.approx(19.0)]
+
+
+def test_softmax_row_sums_do_not_depend_on_the_block_a_row_is_in() -> None:
+    """A row alone, or among others at any offset, gives the same bits (fixed lane order)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 1500)).astype(np.float32)
+    block, block_sums = x.copy(), np.empty((16, 1), np.float32)
+    kernels.softmax_rows(block, block_sums)
+    for i in (0, 5, 15):
+        row, row_sum = x[i : i + 1].copy(), np.empty((1, 1), np.float32)
+        kernels.softmax_rows(row, row_sum)
+        assert np.array_equal(row, block[i : i + 1]) and row_sum[0, 0] == block_sums[i, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float32,
+        st.tuples(st.integers(1, 4), st.integers(1, 70)),
+        elements=st.floats(-1e4, 1e4, width=32),
+    )
+)
+def test_exp_rows_is_numpys_softmax(x: np.ndarray) -> None:
+    """What the backend's softmax and attention use: the kernel's rows, divided, are numpy's
+    softmax within float32 rounding; non-contiguous or float64 input takes numpy's passes."""
+    want, want_sums = _numpy_exp_rows(x)
+    got = x.copy()
+    sums = _exp_rows(got)
+    assert np.allclose(got / sums, want / want_sums, rtol=2e-6, atol=1e-30)
+    wide = np.repeat(x, 2, axis=-1)[:, ::2]  # the same values (not contiguous from 2 columns)
+    strided_sums = _exp_rows(wide)
+    assert np.allclose(wide / strided_sums, want / want_sums, rtol=2e-6, atol=1e-30)
+
+
+def test_exp_rows_takes_numpys_passes_where_the_kernel_cannot() -> None:
+    x = np.random.default_rng(5).standard_normal((4, 30)).astype(np.float32)
+    want = np.exp(x - x.max(axis=-1, keepdims=True))
+    strided, wide = x.copy(), np.repeat(x, 2, axis=-1)[:, ::2]
+    assert not wide.flags.c_contiguous
+    assert np.array_equal(_exp_rows(wide), want.sum(axis=-1, keepdims=True))  # numpy's own
+    assert np.array_equal(wide, want)
+    x64 = x.astype(np.float64)
+    assert _exp_rows(x64).dtype == np.float64 and np.allclose(x64, want, rtol=1e-6)
+    kernel_sums = _exp_rows(strided)
+    assert np.allclose(strided, want, rtol=3e-7) and np.allclose(
+        kernel_sums, want.sum(-1, keepdims=True), rtol=1e-6
+    )
+
+
+def test_backend_softmax_leaves_its_input_and_keeps_other_dtypes_on_numpy() -> None:
+    be = NumpyBackend()
+    x = np.random.default_rng(4).standard_normal((2, 6, 1, 1500)).astype(np.float32)
+    before = x.copy()
+    out = be.softmax(x)
+    assert np.array_equal(x, before)
+    assert out.dtype == np.float32 and np.allclose(out.sum(axis=-1), 1.0, rtol=1e-6)
+    x64 = x.astype(np.float64)
+    want = np.exp(x64 - x64.max(-1, keepdims=True))
+    assert be.softmax(x64).dtype == np.float64
+    assert np.allclose(be.softmax(x64), want / want.sum(-1, keepdims=True), rtol=1e-12)
+    assert np.allclose(be.softmax(x, axis=1), be.softmax(x64, axis=1), rtol=2e-6)
+
+
+@pytest.mark.parametrize("size", [1, 9, 4096, (1 << 18) + 3])
+def test_gelu_is_the_numpy_formula_bit_for_bit(size: int) -> None:
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 4).astype(np.float32)
+    x[: min(size, 6)] = np.float32([0.0, -0.0, 6.0, -6.0, 5.65, -5.66])[: min(size, 6)]
+    out = np.empty_like(x)
+    kernels.gelu(x, out)
+    assert np.array_equal(out, erf.gelu(np, x))
+    assert np.array_equal(NumpyBackend().gelu(x.reshape(1, -1)), erf.gelu(np, x).reshape(1, -1))
+
+
+def test_kernels_release_the_gil() -> None:
+    """The pieces of a split run them on several cores at once (backends.parallel)."""
+    for kernel in (kernels.softmax_rows, kernels.gelu):
+        assert kernel.targetoptions["nogil"] is True
+
+
+def test_kernels_refuse_outputs_of_the_wrong_size() -> None:
+    """Their loops run unchecked (no bounds checks): a wrong size is refused before any write."""
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="sums"):
+        kernels.softmax_rows(x, np.zeros((1, 1), np.float32))
+    with pytest.raises(ValueError, match="length"):
+        kernels.gelu(x[0], np.zeros(7, np.float32))
+    for gamma, out in ((x[0, :7], x), (x[0], np.zeros((2, 9), np.float32))):
+        with pytest.raises(ValueError, match="gamma"):
+            kernels.layer_norm(x, gamma, x[0], np.float32(1e-5), out)
+
+
+def test_layer_norm_matches_numpys_formula() -> None:
+    rng = np.random.default_rng(6)
+    be = NumpyBackend()
+    for shape in ((1, 384), (1500, 384), (2, 3, 7)):
+        x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+        gamma, beta = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+        gamma.setflags(write=False)  # weights are read-only
+        x64 = x.astype(np.float64)
+        centered = x64 - x64.mean(axis=-1, keepdims=True)
+        want = centered / np.sqrt((centered**2).mean(axis=-1, keepdims=True) + 1e-5)
+        got = be.layer_norm(x, gamma, beta)
+        assert got.shape == x.shape and got.dtype == np.float32
+        assert np.allclose(got, want * gamma + beta, rtol=1e-5, atol=2e-6)
+    assert be.layer_norm(x, None, beta).shape == x.shape  # no gamma: XpBackend's formula
