@@ -20,11 +20,17 @@ What they compute, and how it compares with numpy's:
 * :func:`gelu` (exact GELU): the very operations of :func:`backends.erf.gelu`,
   in the same order, in float32 with no contraction into fused multiply-adds,
   so its values equal numpy's bit for bit.
+* :func:`layer_norm` (rows with gamma and beta): the formula's operations in
+  order, the mean's and variance's sums in the softmax sums' fixed order.
+* :func:`query_attention` (one query a head, a decoding step's cross-attention):
+  the scores, the softmax and the value product in one pass over each head's
+  keys and values, every sum in a fixed order.
 
 The kernels are compiled when this module is first imported (2-3 s) and cached next to
 it (numba's ``cache=True``; where that folder is read-only, numba's per-user cache), so
-later imports load them (about 0.1 s, beside numba's own import, about 0.4 s). Only the
-numpy backend uses them; the OpenCL and CUDA backends have kernels of their own.
+later imports load them (about 0.1-0.5 s, beside numba's own import, about 0.5 s). Only
+numpy paths use them (the numpy backend, and Whisper's decoding step on numpy); the OpenCL
+and CUDA backends have kernels of their own.
 """
 
 from __future__ import annotations
@@ -85,7 +91,8 @@ def _array(ndim: int, readonly: bool = False) -> Any:
     return types.Array(types.float32, ndim, "C", readonly=readonly)
 
 
-_IN1, _IN2, _OUT1, _OUT2 = _array(1, True), _array(2, True), _array(1), _array(2)
+_IN1, _IN2, _IN3 = _array(1, True), _array(2, True), _array(3, True)
+_OUT1, _OUT2 = _array(1), _array(2)
 
 
 def _kernel(signature: Any) -> Callable[[F], F]:
@@ -254,6 +261,55 @@ def layer_norm(x: Any, gamma: Any, beta: Any, eps: Any, out: Any) -> None:  # pr
             dst[j] = dst[j] / std * gamma[j] + beta[j]
 
 
+@_kernel(types.void(_IN2, _IN3, _IN3, types.float32, _OUT2, _OUT2))
+def query_attention(
+    q: Any, kt: Any, v: Any, scale: Any, scores: Any, out: Any
+) -> None:  # pragma: no cover - compiled
+    """One query per head over that head's keys and values, in one pass over each (a decoding
+    step's cross-attention, memory-bound: 4.6 MB of a window's keys and values a layer):
+    ``scores[h] = (q[h] @ kt[h]) * scale`` (q [H, D], kt [H, D, T]: the scores before the
+    softmax, kept for alignment heads), ``out[h] = softmax(scores[h]) @ v[h]`` (v [H, T, D],
+    out [H, D]; the division by the sum after the value product). Every sum runs in a
+    fixed order (over D, then over T, ascending)."""
+    heads, dim = q.shape
+    keys = kt.shape[2]
+    if (
+        kt.shape[0] != heads
+        or kt.shape[1] != dim
+        or v.shape[0] != heads
+        or v.shape[1] != keys
+        or v.shape[2] != dim
+        or scores.shape[0] != heads
+        or scores.shape[1] != keys
+        or out.shape[0] != heads
+        or out.shape[1] != dim
+    ):
+        raise ValueError("query_attention: q [H, D], kt [H, D, T], v [H, T, D], scores [H, T]")
+    p = np.empty(keys, np.float32)
+    for h in range(heads):
+        row = scores[h]
+        row[:] = 0.0
+        for d in range(dim):
+            qd = q[h, d]
+            k_row = kt[h, d]
+            for t in range(keys):
+                row[t] += qd * k_row[t]
+        for t in range(keys):
+            row[t] *= scale
+            p[t] = row[t]
+        _exp_row(p, _row_max(p))
+        total = _row_sum(p)
+        o = out[h]
+        o[:] = 0.0
+        for t in range(keys):
+            pt = p[t]
+            v_row = v[h, t]
+            for d in range(dim):
+                o[d] += pt * v_row[d]
+        for d in range(dim):
+            o[d] /= total
+
+
 def _first_calls() -> None:
     """Each kernel called once on a tiny input when the module is imported: numba's first
     call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
@@ -262,6 +318,8 @@ def _first_calls() -> None:
     softmax_rows(rows, sums)
     gelu(rows[0], rows[0])
     layer_norm(rows, rows[0], rows[0], np.float32(1e-5), rows)
+    keys = np.zeros((1, 8, 1), np.float32)
+    query_attention(rows, keys, keys.reshape(1, 1, 8), np.float32(1), sums, np.zeros_like(rows))
 
 
 _first_calls()

@@ -147,3 +147,22 @@ def test_layer_norm_matches_numpys_formula() -> None:
         assert got.shape == x.shape and got.dtype == np.float32
         assert np.allclose(got, want * gamma + beta, rtol=1e-5, atol=2e-6)
     assert be.layer_norm(x, None, beta).shape == x.shape  # no gamma: XpBackend's formula
+
+
+def test_query_attention_is_softmax_attention_of_one_query_a_head() -> None:
+    rng = np.random.default_rng(7)
+    heads, dim, keys = 3, 16, 37
+    q = rng.standard_normal((heads, dim)).astype(np.float32)
+    kt = rng.standard_normal((heads, dim, keys)).astype(np.float32)
+    v = rng.standard_normal((heads, keys, dim)).astype(np.float32)
+    for a in (q, kt, v):
+        a.setflags(write=False)  # a window's keys and values are read, never written
+    scores, out = np.empty((heads, keys), np.float32), np.empty((heads, dim), np.float32)
+    kernels.query_attention(q, kt, v, np.float32(0.25), scores, out)
+    want_scores = np.einsum("hd,hdt->ht", q.astype(np.float64), kt) * 0.25
+    e = np.exp(want_scores - want_scores.max(axis=-1, keepdims=True))
+    want = np.einsum("ht,htd->hd", e / e.sum(axis=-1, keepdims=True), v)
+    assert np.allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
+    assert np.allclose(out, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="query_attention"):
+        kernels.query_attention(q, kt, v[:, :-1].copy(), np.float32(0.25), scores, out)

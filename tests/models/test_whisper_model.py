@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
+from backends import parallel
 from backends.numpy_backend import NumpyBackend
 from backends.whisper import model
 from backends.whisper.ct2_reader import read_ct2_model
@@ -205,3 +207,29 @@ def test_windows_are_encoded_one_a_core_with_one_threads_values() -> None:
     assert batch.shape == (3, 1500, weights.d_model)
     assert batch.tobytes() == np.concatenate(alone, 0).tobytes()
     assert pieces == [True] * 3  # the three windows are pieces of a split over 2 cores
+
+
+def test_a_steps_cross_attention_is_the_same_on_one_core_or_two() -> None:
+    """The members of a decoding step are pieces on the cores; which core takes a member
+    never changes its values (each reads only its own window's keys and values)."""
+    rng = np.random.default_rng(2)
+    heads, dim, frames, members = 6, 64, 1500, 3
+
+    def window() -> SimpleNamespace:
+        kt = [rng.standard_normal((1, heads, dim, frames)).astype(np.float32)]
+        v = [rng.standard_normal((1, heads, frames, dim)).astype(np.float32)]
+        return SimpleNamespace(cross_kt=kt, cross_v=v)
+
+    states = [window() for _ in range(members)]
+    queries = rng.standard_normal((4, heads * dim)).astype(np.float32)
+    results = []
+    for share in (1, 2):
+        parallel.SHARE.set_threads(share)
+        results.append(model._step_cross_attention(queries, states, 0, 0.125, 4))
+    assert np.array_equal(results[0], results[1])
+    assert not results[0][members:].any()  # the padding row stays zero
+    for m, state in enumerate(states):
+        ctx, _ = model._query_attention_rows(
+            queries[m].reshape(1, heads, 1, dim), state.cross_kt[0], state.cross_v[0], 0.125
+        )
+        assert np.array_equal(ctx[0, 0], results[0][m])
