@@ -13,10 +13,12 @@ What they compute, and how it compares with numpy's:
 
 * :func:`softmax_rows` (rows of a score map, in place, and their sums): ``exp``
   as a degree-7 polynomial after a Cody-Waite reduction (Cephes' ``expf``),
-  within 2e-7 relative of numpy's ``exp``; the row max and the row sum in eight
-  interleaved accumulators combined in a fixed order, so a row's sum has the
-  same bits on every x86-64 CPU and at any thread count (not numpy's pairwise
-  order: the sums differ from numpy's in the last bits).
+  within about 1e-7 relative of the exact exp of the same float32 argument
+  (2.5e-7 of numpy's ``exp``); a NaN score makes its row NaN, as in numpy;
+  the row max and the row sum in eight interleaved accumulators combined in a
+  fixed order, so a row's sum has the same bits on every x86-64 CPU and at any
+  thread count (not numpy's pairwise order: the sums differ from numpy's in the
+  last bits).
 * :func:`gelu` (exact GELU): the very operations of :func:`backends.erf.gelu`,
   in the same order, in float32 with no contraction into fused multiply-adds,
   so its values equal numpy's bit for bit.
@@ -45,6 +47,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from backends import erf
 from backends.erf import ERF_ALPHA, ERF_BETA
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -121,14 +124,17 @@ _float_bits = cast(Callable[[Any], Any], intrinsic(_float_bits_typing))
 
 @_compiled
 def _exp_le0(x: Any) -> Any:  # pragma: no cover - compiled
-    """``exp(x)`` for ``x <= 0`` (a softmax's shifted scores); 0 below :data:`_EXP_LOW`."""
+    """``exp(x)`` for ``x <= 0`` (a softmax's shifted scores); 0 below :data:`_EXP_LOW`, NaN for
+    NaN (as numpy's softmax: one NaN score makes its row NaN, wherever it sits)."""
     c = x if x > _EXP_LOW else _EXP_LOW
     k = np.floor(c * _LOG2E + _HALF)
     r = c - k * _LN2_HI - k * _LN2_LO
     p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
     p = p * r * r + r + _ONE
     e = p * _float_bits(np.int32((np.int32(k) + 127) << 23))
-    return e if x >= _EXP_LOW else np.float32(0.0)
+    if x >= _EXP_LOW:
+        return e
+    return x if x != x else np.float32(0.0)  # NaN stays NaN (and spreads through the sum)
 
 
 @_compiled
@@ -210,6 +216,8 @@ def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
     ``sums`` [n, 1] gets each new row's sum (the softmax's divisor, left to the caller)."""
     if sums.shape[0] != scores.shape[0] or sums.shape[1] != 1:
         raise ValueError("softmax_rows: sums must be [rows, 1]")
+    if scores.shape[1] == 0:
+        raise ValueError("softmax_rows: rows must not be empty")
     for i in range(scores.shape[0]):
         row = scores[i]
         _exp_row(row, _row_max(row))
@@ -285,6 +293,8 @@ def query_attention(
         or out.shape[1] != dim
     ):
         raise ValueError("query_attention: q [H, D], kt [H, D, T], v [H, T, D], scores [H, T]")
+    if keys == 0:
+        raise ValueError("query_attention: no keys")
     p = np.empty(keys, np.float32)
     for h in range(heads):
         row = scores[h]
@@ -313,7 +323,18 @@ def query_attention(
 def _first_calls() -> None:
     """Each kernel called once on a tiny input when the module is imported: numba's first
     call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
-    a model, not to its first request (``tests/models/test_piper_warm_up.py``)."""
+    a model, not to its first request (``tests/models/test_piper_warm_up.py``). And GELU
+    checked against :func:`backends.erf.gelu`: its coefficients are frozen into the compiled
+    code, and numba's cache is keyed on this file only, so coefficients changed in
+    ``erf.py`` would otherwise keep the cached kernel's old ones (recompiled then)."""
+    probe = np.linspace(-5.0, 5.0, 41, dtype=np.float32)
+    got = np.empty_like(probe)
+    gelu(probe, got)
+    if not np.array_equal(got, erf.gelu(np, probe)):
+        gelu.recompile()  # type: ignore[attr-defined]
+        gelu(probe, got)
+        if not np.array_equal(got, erf.gelu(np, probe)):
+            raise RuntimeError("backends.kernels.gelu differs from backends.erf.gelu")
     rows, sums = np.zeros((1, 8), np.float32), np.zeros((1, 1), np.float32)
     softmax_rows(rows, sums)
     gelu(rows[0], rows[0])

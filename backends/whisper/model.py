@@ -474,7 +474,7 @@ def _decode(
         wanted = [head for layer_index, head in heads if layer_index == i]
         for m, state in enumerate(states):
             q = _split_heads(be, _rows(be, queries, spans, m), heads_count)
-            if steps == 1 and isinstance(be, NumpyBackend):  # as a decoding step does
+            if steps == 1 and _fused_cross_attention(be, [state], i):  # as a step does
                 ctx, scores = _query_attention_rows(q, state.cross_kt[i], state.cross_v[i], scale)
                 if wanted:
                     for head in wanted:
@@ -564,7 +564,7 @@ def _step(
 
         c = layer.cross_attn
         queries = be.linear(be.layer_norm(x, c.norm_g, c.norm_b), c.w_q, c.b_q)
-        if isinstance(be, NumpyBackend):
+        if _fused_cross_attention(be, states, i):
             context = _step_cross_attention(queries, states, i, scale, x.shape[0])
         else:
             ctxs = []
@@ -579,6 +579,17 @@ def _step(
     for m, state in enumerate(states):
         state.length = starts[m] + 1
     return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b)
+
+
+def _fused_cross_attention(be: ArrayBackend, states: Sequence[DecoderState], layer: int) -> bool:
+    """Whether one-token cross-attention at ``layer`` runs as :func:`_step_cross_attention`:
+    on numpy, over windows held as C-contiguous float32 (what :meth:`DecoderState.set_memory`
+    makes of an encoder's output; anything else takes the backend's products)."""
+    return isinstance(be, NumpyBackend) and all(
+        a.dtype == np.float32 and a.flags.c_contiguous
+        for state in states
+        for a in (state.cross_kt[layer], state.cross_v[layer])
+    )
 
 
 def _step_cross_attention(
@@ -610,16 +621,18 @@ def _query_attention_rows(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """One query row a head for each of a member's rows (q [B, H, 1, D] over keys
-    [B, H, D, T] and values [B, H, T, D]) as :func:`_step_cross_attention` computes it:
+    [B, H, D, T] and values [B, H, T, D], or one window [1, ...] for every row) as
+    :func:`_step_cross_attention` computes it:
     the context [B, 1, H*D] and the scaled scores before the softmax [B, H, 1, T]."""
     batch, heads, _, dim = q.shape
     ctx = np.empty((batch, 1, heads * dim), np.float32)
     scores = np.empty((batch, heads, 1, keys.shape[3]), np.float32)
     for b in range(batch):
+        window = b if keys.shape[0] > 1 else 0  # one window may serve every row
         kernels.query_attention(
-            np.ascontiguousarray(q[b, :, 0, :]),
-            keys[b],
-            values[b],
+            np.ascontiguousarray(q[b, :, 0, :], dtype=np.float32),
+            keys[window],
+            values[window],
             np.float32(scale),
             scores[b, :, 0, :],
             ctx[b, 0].reshape(heads, dim),

@@ -166,3 +166,40 @@ def test_query_attention_is_softmax_attention_of_one_query_a_head() -> None:
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="query_attention"):
         kernels.query_attention(q, kt, v[:, :-1].copy(), np.float32(0.25), scores, out)
+
+
+def test_a_nan_score_makes_its_row_nan_wherever_it_sits() -> None:
+    """As numpy's softmax: a NaN (an upstream fault) shows in the output, never dropped."""
+    be = NumpyBackend()
+    for row in ([1.0, np.nan, 2.0], [np.nan, 1.0, 2.0], [1.0, 2.0, np.nan]):
+        out = be.softmax(np.asarray([row, [1.0, 2.0, 3.0]], np.float32))
+        assert np.isnan(out[0]).all() and not np.isnan(out[1]).any()
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, 2, 40, 8)).astype(np.float32) for _ in range(3))
+    k[0, 0, 3, 2] = np.nan
+    out = be.attention(q, k, v)
+    assert np.isnan(out[0, 0]).all() and not np.isnan(out[0, 1]).any()
+
+
+def test_empty_rows_are_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        kernels.softmax_rows(np.zeros((3, 0), np.float32), np.zeros((3, 1), np.float32))
+    q, out = np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match="no keys"):
+        kernels.query_attention(
+            q,
+            np.zeros((2, 4, 0), np.float32),
+            np.zeros((2, 0, 4), np.float32),
+            np.float32(1),
+            np.zeros((2, 0), np.float32),
+            out,
+        )
+
+
+def test_a_gelu_that_differs_from_the_formula_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import-time check (kernels._first_calls): a compiled GELU whose frozen coefficients
+    no longer match backends.erf (a stale cache) is recompiled, and refused if it still differs."""
+    kernels._first_calls()  # the real formula: passes
+    monkeypatch.setattr(erf, "gelu", lambda xp, x: x)
+    with pytest.raises(RuntimeError, match="differs"):
+        kernels._first_calls()

@@ -233,3 +233,25 @@ def test_a_steps_cross_attention_is_the_same_on_one_core_or_two() -> None:
             queries[m].reshape(1, heads, 1, dim), state.cross_kt[0], state.cross_v[0], 0.125
         )
         assert np.array_equal(ctx[0, 0], results[0][m])
+
+
+def test_one_token_over_one_window_for_several_rows_and_other_dtypes() -> None:
+    """The fused one-token cross-attention keeps what the products did: one window [1, ...]
+    serves every token row of a state, and a float64 memory takes the products."""
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    rng = np.random.default_rng(3)
+    memory = rng.standard_normal((1, 1500, weights.d_model)).astype(np.float32)
+    state = model.DecoderState(be, weights, batch=2)
+    state.set_memory(memory)
+    both = model.decode(be, weights, state, np.asarray([[440], [441]], dtype=np.int64))
+    for row, token in enumerate((440, 441)):
+        alone = model.DecoderState(be, weights)
+        alone.set_memory(memory)
+        one = model.decode(be, weights, alone, np.asarray([[token]], dtype=np.int64))
+        # two rows against one: their products round apart (4.6e-5 on values up to 80)
+        assert np.allclose(both[row], one[0], rtol=1e-4, atol=2e-4)
+    wide = model.DecoderState(be, weights)
+    wide.set_memory(memory.astype(np.float64))
+    out = model.decode(be, weights, wide, np.asarray([[440]], dtype=np.int64))
+    assert np.allclose(out, both[:1], rtol=1e-4, atol=1e-4)
