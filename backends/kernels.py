@@ -190,26 +190,6 @@ def _row_sum(row: Any) -> Any:  # pragma: no cover - compiled
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@_compiled
-def _row_square_sum(row: Any) -> Any:  # pragma: no cover - compiled
-    """The sum of a float32 row's squares, in :func:`_row_sum`'s order."""
-    n = row.shape[0]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    end = n - n % 8
-    for j in range(0, end, 8):
-        s0 += row[j] * row[j]
-        s1 += row[j + 1] * row[j + 1]
-        s2 += row[j + 2] * row[j + 2]
-        s3 += row[j + 3] * row[j + 3]
-        s4 += row[j + 4] * row[j + 4]
-        s5 += row[j + 5] * row[j + 5]
-        s6 += row[j + 6] * row[j + 6]
-        s7 += row[j + 7] * row[j + 7]
-    for j in range(end, n):
-        s0 += row[j] * row[j]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
 @_kernel(types.void(_OUT2, _OUT2))
 def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
     """Each row of the float32 ``scores`` [n, m] becomes ``exp(row - max(row))``, in place;
@@ -259,12 +239,14 @@ def layer_norm(x: Any, gamma: Any, beta: Any, eps: Any, out: Any) -> None:  # pr
     if gamma.shape[0] != d or beta.shape[0] != d or out.shape[0] != x.shape[0] or out.shape[1] != d:
         raise ValueError("layer_norm: gamma and beta must have a row's length, out x's shape")
     size = np.float32(d)
+    squares = np.empty(d, np.float32)
     for i in range(x.shape[0]):
         row, dst = x[i], out[i]
         mean = _row_sum(row) / size
         for j in range(d):
             dst[j] = row[j] - mean
-        std = np.sqrt(_row_square_sum(dst) / size + eps)
+            squares[j] = dst[j] * dst[j]
+        std = np.sqrt(_row_sum(squares) / size + eps)
         for j in range(d):
             dst[j] = dst[j] / std * gamma[j] + beta[j]
 
