@@ -2,10 +2,11 @@
 
 Most ops are :class:`backends.xp_backend.XpBackend`'s with numpy as the array
 module; this subclass keeps what is CPU-specific: host arrays are taken as they
-are (no upload), GELU and the softmax run as fused loops (:mod:`backends.kernels`,
-GELU in cache-sized chunks on the caller's cores), and the layers are tuned for
-CPU caches and BLAS (tiled im2col conv, polyphase transposed conv, a row-wise
-LSTM whose rows never depend on the batch, attention in query blocks).
+are (no upload), GELU, the softmax and layer norm run as fused loops
+(:mod:`backends.kernels`, GELU in cache-sized chunks on the caller's cores), and the
+layers are tuned for CPU caches and BLAS (tiled im2col conv, polyphase transposed
+conv, a row-wise LSTM whose rows never depend on the batch, attention in query
+blocks).
 """
 
 from __future__ import annotations

@@ -608,7 +608,7 @@ def _step_cross_attention(
         state = states[m]
         keys, values = state.cross_kt[layer], state.cross_v[layer]
         scores = np.empty((heads, keys.shape[3]), np.float32)
-        query = np.ascontiguousarray(queries[m]).reshape(heads, -1)
+        query = np.ascontiguousarray(queries[m], dtype=np.float32).reshape(heads, -1)
         kernels.query_attention(
             query, keys[0], values[0], np.float32(scale), scores, out[m].reshape(heads, -1)
         )
