@@ -596,22 +596,18 @@ def _step_cross_attention(
     queries: np.ndarray, states: Sequence[DecoderState], layer: int, scale: float, rows: int
 ) -> np.ndarray:
     """A decoding step's cross-attention on numpy: member ``m``'s query row ``queries[m]``
-    over its own window (:func:`backends.kernels.query_attention`), the members as pieces on
+    over its own window (:func:`_query_attention_rows`), the members as pieces on
     the caller's share of the cores (each reads only its own 4.6 MB of keys and values a
     layer: memory-bound, and two cores read faster than one); context rows [rows, d], zero
     after the members (padding rows)."""
     heads = states[0].cross_kt[layer].shape[1]
-    d = queries.shape[1]
-    out = np.zeros((rows, d), np.float32)
+    out = np.zeros((rows, queries.shape[1]), np.float32)
 
     def member(m: int) -> None:
         state = states[m]
-        keys, values = state.cross_kt[layer], state.cross_v[layer]
-        scores = np.empty((heads, keys.shape[3]), np.float32)
-        query = np.ascontiguousarray(queries[m], dtype=np.float32).reshape(heads, -1)
-        kernels.query_attention(
-            query, keys[0], values[0], np.float32(scale), scores, out[m].reshape(heads, -1)
-        )
+        query = queries[m].reshape(1, heads, 1, -1)
+        ctx, _ = _query_attention_rows(query, state.cross_kt[layer], state.cross_v[layer], scale)
+        out[m] = ctx[0, 0]
 
     parallel.run_pieces(member, range(len(states)))
     return out
@@ -620,10 +616,11 @@ def _step_cross_attention(
 def _query_attention_rows(
     q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One query row a head for each of a member's rows (q [B, H, 1, D] over keys
-    [B, H, D, T] and values [B, H, T, D], or one window [1, ...] for every row) as
-    :func:`_step_cross_attention` computes it:
-    the context [B, 1, H*D] and the scaled scores before the softmax [B, H, 1, T]."""
+    """One-token cross-attention on numpy, the one place it is computed (a step's members,
+    the general path's one-token inputs): one query row a head for each of a member's rows
+    (q [B, H, 1, D] over keys [B, H, D, T] and values [B, H, T, D], or one window [1, ...]
+    for every row) through :func:`backends.kernels.query_attention`; returns the context
+    [B, 1, H*D] and the scaled scores before the softmax [B, H, 1, T]."""
     batch, heads, _, dim = q.shape
     ctx = np.empty((batch, 1, heads * dim), np.float32)
     scores = np.empty((batch, heads, 1, keys.shape[3]), np.float32)
