@@ -27,6 +27,11 @@ What they compute, and how it compares with numpy's:
 * :func:`query_attention` (one query a head, a decoding step's cross-attention):
   the scores, the softmax and the value product in one pass over each head's
   keys and values, every sum in a fixed order.
+* :func:`panel_product` (a few rows times a weight packed in panels, the products of a
+  decoding step: :mod:`backends.panels`): each output is its bias plus the terms in
+  ascending order, one multiply and one add each (no fused multiply-add), so a row's
+  values are the same bits whatever rows share its call and whichever panels a core
+  takes.
 
 The kernels are compiled when this module is first imported (2-3 s) and cached next to
 it (numba's ``cache=True``; where that folder is read-only, numba's per-user cache), so
@@ -44,8 +49,10 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from llvmlite import ir
 from numba import njit
-from numba.core import types
+from numba.core import cgutils, types
+from numba.core import config as _numba_config
 from numba.extending import intrinsic
+from numba.np.numpy_support import carray
 
 from backends import erf
 from backends.erf import ERF_ALPHA, ERF_BETA
@@ -98,13 +105,24 @@ _IN1, _IN2, _IN3 = _array(1, True), _array(2, True), _array(3, True)
 _OUT1, _OUT2 = _array(1), _array(2)
 
 
-def _kernel(signature: Any) -> Callable[[F], F]:
+NUMBA_CONFIG: Any = _numba_config
+"""numba's settings, read by its compiler when it compiles (not typed: set by name)."""
+
+
+def _kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
     """A kernel compiled for ``signature`` when this module is imported (or loaded from the
     cache): never in a request, and other argument types are refused (TypeError) rather
-    than compiled."""
+    than compiled. ``slp``: with LLVM's SLP vectorizer (off in numba by default), which
+    turns the fully unrolled lanes of :func:`_one_row` into vector operations; it is on only
+    while this kernel (and the helpers it calls, compiled with it) is compiled."""
 
     def compile_now(function: F) -> F:
-        return cast(F, njit(signature, **_OPTIONS)(function))
+        before = NUMBA_CONFIG.SLP_VECTORIZE
+        NUMBA_CONFIG.SLP_VECTORIZE = int(slp or before)
+        try:
+            return cast(F, njit(signature, **_OPTIONS)(function))
+        finally:
+            NUMBA_CONFIG.SLP_VECTORIZE = before
 
     return compile_now
 
@@ -120,6 +138,28 @@ def _float_bits_typing(typingctx: Any, bits: Any) -> Any:
 
 _float_bits = cast(Callable[[Any], Any], intrinsic(_float_bits_typing))
 """The float32 whose bit pattern is an int32 (a bitcast: no conversion)."""
+
+
+def _stack_floats_typing(typingctx: Any, size: Any) -> Any:
+    if not isinstance(size, types.IntegerLiteral):
+        return None  # numba retries with the literal
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        element = context.get_value_type(types.float32)
+        alloca: Any = cgutils.alloca_once
+        return alloca(builder, element, size=size.literal_value)
+
+    pointer: Any = types.CPointer
+    return pointer(types.float32)(size), codegen
+
+
+_stack_floats = cast(Callable[[Any], Any], intrinsic(_stack_floats_typing))
+"""A pointer to ``size`` float32 on the stack (``size`` a constant): scratch that LLVM keeps
+in vector registers where every index into it is a constant once loops are unrolled (an
+array numba allocates lives on the heap, and its loads and stores stay in the loop)."""
+
+PANEL = 16
+"""Output columns a panel of a packed weight holds (:func:`panel_product`): two AVX vectors."""
 
 
 @_compiled
@@ -302,6 +342,101 @@ def query_attention(
             o[d] /= total
 
 
+@_compiled
+def _one_row(
+    x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """:func:`panel_product` for one row (``x [K]``, ``out [n]``): two panels at a time, so
+    that four accumulators, not two, wait on the adds (the same order for each output)."""
+    depth = x.shape[0]
+    acc = carray(_stack_floats(32), (32,))
+    tile = np.empty((2, PANEL), np.float32)
+    for q in range(lo, hi, 2):
+        second = min(q + 1, hi - 1)  # an odd last panel is computed twice, stored once
+        a, b = panels[q], panels[second]
+        start, start_b = q * PANEL, second * PANEL
+        for j in range(PANEL):
+            acc[j] = bias[start + j]
+            acc[PANEL + j] = bias[start_b + j]
+        for k in range(depth):
+            wa, wb, s = a[k], b[k], x[k]
+            for j in range(PANEL):
+                acc[j] += s * wa[j]
+                acc[PANEL + j] += s * wb[j]
+        for j in range(PANEL):
+            tile[0, j] = acc[j]
+            tile[1, j] = acc[PANEL + j]
+        for t in range(second - q + 1):
+            base = start + t * PANEL
+            for j in range(min(PANEL, out.shape[0] - base)):
+                out[base + j] = tile[t, j]
+
+
+@_compiled
+def _store(tile: Any, rows: Any, out: Any, m0: Any, start: Any) -> None:  # pragma: no cover
+    """Rows ``m0`` to ``m0 + rows`` of ``out`` get ``tile``'s first rows from column
+    ``start`` on (as many columns as ``out`` has left: the last panel may be partial)."""
+    width = min(PANEL, out.shape[1] - start)
+    for r in range(rows):
+        row = out[m0 + r]
+        for j in range(width):
+            row[start + j] = tile[r, j]
+
+
+@_kernel(types.void(_IN2, _IN3, _IN1, _OUT2, types.int64, types.int64), slp=True)
+def panel_product(
+    x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """``out[:, j] = bias[j] + sum_k x[:, k] * w[j, k]`` for the columns of panels ``lo`` to
+    ``hi`` of a weight ``w [n, K]`` packed as ``panels [ceil(n / PANEL), K, PANEL]``
+    (``panels[q, k, i] = w[q * PANEL + i, k]``, :func:`backends.panels.pack`); ``x [M, K]``,
+    ``bias`` one value a panel column (``[panels * PANEL]``), ``out [M, n]``.
+
+    Each output is its bias plus the terms in ascending ``k``, a multiply then an add each,
+    whatever ``M`` and the range: rows go in blocks of four (the block's 8 accumulators in
+    registers, each panel row loaded once for the four), a lone row two panels at a time.
+    Each panel is read once a block: a step's weights, a few rows, once from memory."""
+    rows, depth = x.shape
+    count, cols = panels.shape[0], out.shape[1]
+    if (
+        panels.shape[1] != depth
+        or panels.shape[2] != PANEL
+        or bias.shape[0] != count * PANEL
+        or out.shape[0] != rows
+        or cols > count * PANEL
+        or cols <= (count - 1) * PANEL
+        or lo < 0
+        or hi > count
+    ):
+        raise ValueError("panel_product: x [M, K], panels [Q, K, 16], bias [Q * 16], out [M, n]")
+    if rows == 1:
+        _one_row(x[0], panels, bias, out[0], lo, hi)
+        return
+    acc = carray(_stack_floats(64), (64,))
+    tile = np.empty((4, PANEL), np.float32)
+    for q in range(lo, hi):
+        panel = panels[q]
+        start = q * PANEL
+        for m0 in range(0, rows, 4):
+            x0, x1 = x[m0], x[min(m0 + 1, rows - 1)]  # a short block repeats its last row
+            x2, x3 = x[min(m0 + 2, rows - 1)], x[min(m0 + 3, rows - 1)]
+            for r in range(4):
+                for j in range(PANEL):
+                    acc[r * PANEL + j] = bias[start + j]
+            for k in range(depth):
+                w = panel[k]
+                s0, s1, s2, s3 = x0[k], x1[k], x2[k], x3[k]
+                for j in range(PANEL):
+                    acc[j] += s0 * w[j]
+                    acc[PANEL + j] += s1 * w[j]
+                    acc[2 * PANEL + j] += s2 * w[j]
+                    acc[3 * PANEL + j] += s3 * w[j]
+            for r in range(4):
+                for j in range(PANEL):
+                    tile[r, j] = acc[r * PANEL + j]
+            _store(tile, min(4, rows - m0), out, m0, start)
+
+
 def _first_calls() -> None:
     """Each kernel called once on a tiny input when the module is imported: numba's first
     call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
@@ -323,6 +458,8 @@ def _first_calls() -> None:
     layer_norm(rows, rows[0], rows[0], np.float32(1e-5), rows)
     keys = np.zeros((1, 8, 1), np.float32)
     query_attention(rows, keys, keys.reshape(1, 1, 8), np.float32(1), sums, np.zeros_like(rows))
+    panels, bias = np.zeros((1, 8, PANEL), np.float32), np.zeros(PANEL, np.float32)
+    panel_product(rows, panels, bias, np.zeros((1, PANEL), np.float32), 0, 1)
 
 
 _first_calls()

@@ -128,17 +128,19 @@ class CoreShare:
         """Whether the calling thread is running a piece of a split (of this share)."""
         return bool(getattr(self._piece, "depth", 0))
 
-    def run(self, piece: Callable[[T], None], items: Sequence[T]) -> None:
-        """Calls ``piece(item)`` for every item, up to :meth:`share` at once, each on one
-        BLAS thread. The caller's thread and the workers take items one at a time from
+    def run(self, piece: Callable[[T], None], items: Sequence[T], lanes: int | None = None) -> None:
+        """Calls ``piece(item)`` for every item, up to ``lanes`` at once (None: :meth:`share`;
+        a caller passes the share it read before a :meth:`one_thread` block, which holds a
+        script's share at one; inside a piece, one), each on one BLAS thread. The
+        caller's thread and the workers take items one at a time from
         one queue, in order, so a worker that is late to start (its core held by another
         job) takes fewer items or none: when the queue is empty the caller withdraws the
         workers that have not started and waits only for pieces that are running. A
         failing piece stops every lane from taking more; its exception (the first
         recorded) is raised when no piece runs any longer. Pieces must write disjoint
         outputs (which thread computes an item never changes what it computes)."""
-        workers = min(self.share(), len(items))
-        if workers <= 1:
+        workers = min(self.share() if lanes is None else lanes, len(items))
+        if workers <= 1 or self.in_piece():
             for item in items:
                 piece(item)
             return
@@ -248,9 +250,9 @@ SHARE = CoreShare()
 """The process's core share: ``server.blas`` sets it, the numpy backend's splits use it."""
 
 
-def run_pieces(piece: Callable[[T], None], items: Sequence[T]) -> None:
+def run_pieces(piece: Callable[[T], None], items: Sequence[T], lanes: int | None = None) -> None:
     """:meth:`CoreShare.run` on the process's share."""
-    SHARE.run(piece, items)
+    SHARE.run(piece, items, lanes)
 
 
 def one_thread() -> AbstractContextManager[None]:

@@ -10,11 +10,14 @@ self-attention projection is fused ``[q; k; v]`` (``linear_0``), the
 cross-attention query is ``linear_0`` and the fused ``[k; v]`` of the encoder
 output is ``linear_1``; the output projection shares the token embedding.
 
-The tied embedding is stored once, transposed (``[d, vocab]``, contiguous): the
-per-step vocabulary projection ``h @ E^T`` is then a plain row-major product,
-which streams the 80 MB matrix ~1.5x faster in BLAS than a transposed one; token
+On the numpy backend the weights a decoding step multiplies (each decoder layer's but
+the encoder-output projection, and the tied embedding as the vocabulary projection)
+are packed in panels (:mod:`backends.panels`): a step's few rows read each weight
+once, and a row's values do not depend on the rows beside it. Elsewhere the tied
+embedding is stored once, transposed (``[d, vocab]``, contiguous): the per-step
+vocabulary projection ``h @ E^T`` is then a plain row-major product, and token
 lookup gathers columns. Cross-attention keys are stored transposed per window
-(``[B, H, D, 1500]``) for the same reason.
+(``[B, H, D, 1500]``): each query's scores read rows of keys.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ from typing import Any
 import attrs
 import numpy as np
 
-from backends import kernels, parallel
+from backends import kernels, panels, parallel
 from backends.base import Array, ArrayBackend
 from backends.numpy_backend import NumpyBackend
+from backends.panels import PackedWeight
 from backends.whisper.ct2_reader import Ct2Model
 
 MAX_TARGET_POSITIONS = 448
 ROW_MULTIPLE = 4
-"""Stacked decoder rows are padded to a multiple of this: OpenBLAS (Haswell kernels, one
-thread) runs a [M, 384] x [384, 1536] product faster at M = 4 than at M = 2 or 3, and at
-M = 8 than at 5 to 7 (the vocabulary projection: 6.8 ms at M = 4, 7.9 at 2, 10.6 at 3)."""
+"""Stacked decoder rows are padded to a multiple of this on backends whose products run
+faster so (OpenBLAS, one thread, ran a [M, 384] x [384, 1536] product faster at M = 4
+than at 2 or 3); on numpy, whose step products take rows four at a time
+(:func:`backends.kernels.panel_product`), the rows are not padded."""
 
 
 @attrs.frozen
@@ -70,16 +75,11 @@ class EncoderLayer:
 
 @attrs.frozen
 class DecoderLayer:
-    """A decoder layer's weights, each ``[out, in]``. On the numpy backend the widening
-    products of a decoding step, the self-attention's fused projection (``self_attn.w_in``,
-    d to 3d) and the feed-forward's first (``ffn.w1``, d to 4d), get their weight as a view
-    of its transpose stored contiguously (``linear``'s ``x @ w.T`` then reads an ``[in,
-    out]`` row-major matrix); the others stay as the checkpoint has them. A step multiplies
-    one row (or a few) by each weight, and OpenBLAS's matrix-vector kernels stream a
-    widening weight 1.6-1.7x as fast stored ``[in, out]`` and a narrowing one 1.3x as fast
-    stored ``[out, in]`` (square ones alike): one thread, 24 weights, one row, GB/s of
-    weights read: [384, 1536] 19-20 against 12, [384, 1152] 19 against 12, [1536, 384]
-    17-18 stored ``[out, in]`` against 13; at four rows [384, 1536] 11 against 6."""
+    """A decoder layer's weights, each ``[out, in]``. On the numpy backend those a decoding
+    step multiplies (all but the cross-attention's ``w_in``, which projects the encoder's
+    1500 rows once a window) are :class:`~backends.panels.PackedWeight`: a step multiplies a
+    few rows by each, and OpenBLAS packed the whole weight again on every call of two rows
+    or more (a step of two members took twice the time of one)."""
 
     self_attn: AttentionWeights
     cross_attn: AttentionWeights
@@ -98,7 +98,9 @@ class WhisperWeights:
     enc_layers: tuple[EncoderLayer, ...]
     enc_norm_g: Array
     enc_norm_b: Array
-    embedding_t: Array  # [d, vocab]: token embedding (columns) and output projection
+    embedding: Array
+    """The tied token embedding and vocabulary projection: on numpy ``E [vocab, d]`` packed
+    (:class:`~backends.panels.PackedWeight`), elsewhere ``E^T [d, vocab]`` contiguous."""
     dec_pos: Array
     dec_layers: tuple[DecoderLayer, ...]
     dec_norm_g: Array
@@ -108,11 +110,15 @@ class WhisperWeights:
 
     @property
     def d_model(self) -> int:
-        return int(self.embedding_t.shape[0])
+        if isinstance(self.embedding, PackedWeight):
+            return self.embedding.in_features
+        return int(self.embedding.shape[0])
 
     @property
     def vocab_size(self) -> int:
-        return int(self.embedding_t.shape[1])
+        if isinstance(self.embedding, PackedWeight):
+            return self.embedding.out_features
+        return int(self.embedding.shape[1])
 
     def arrays(self) -> list[Any]:
         """Every tensor (for memory accounting and sharing checks)."""
@@ -142,42 +148,40 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
     def up(name: str) -> Array:
         return backend.to_device(model.get(name))
 
-    def up_wide(name: str) -> Array:
-        """A widening weight of a decoding step (see :class:`DecoderLayer`): on numpy, a
-        view ``[out, in]`` of its transpose stored contiguously; elsewhere as stored."""
-        if not isinstance(backend, NumpyBackend):
-            return up(name)
-        stored: np.ndarray = backend.to_device(model.get(name).T)
-        return stored.T
+    packed = isinstance(backend, NumpyBackend)
 
-    def attention(scope: str, cross: bool, wide: Callable[[str], Array] = up) -> AttentionWeights:
+    def up_step(name: str) -> Array:
+        """A weight a decoding step multiplies (see :class:`DecoderLayer`): packed on numpy."""
+        return panels.pack(model.get(name)) if packed else up(name)
+
+    def attention(scope: str, cross: bool, step: Callable[[str], Array] = up) -> AttentionWeights:
         if cross:
             return AttentionWeights(
                 norm_g=up(f"{scope}/layer_norm/gamma"),
                 norm_b=up(f"{scope}/layer_norm/beta"),
-                w_q=up(f"{scope}/linear_0/weight"),
+                w_q=step(f"{scope}/linear_0/weight"),
                 b_q=up(f"{scope}/linear_0/bias"),
                 w_in=up(f"{scope}/linear_1/weight"),
                 b_in=up(f"{scope}/linear_1/bias"),
-                w_out=up(f"{scope}/linear_2/weight"),
+                w_out=step(f"{scope}/linear_2/weight"),
                 b_out=up(f"{scope}/linear_2/bias"),
             )
         return AttentionWeights(
             norm_g=up(f"{scope}/layer_norm/gamma"),
             norm_b=up(f"{scope}/layer_norm/beta"),
-            w_in=wide(f"{scope}/linear_0/weight"),
+            w_in=step(f"{scope}/linear_0/weight"),
             b_in=up(f"{scope}/linear_0/bias"),
-            w_out=up(f"{scope}/linear_1/weight"),
+            w_out=step(f"{scope}/linear_1/weight"),
             b_out=up(f"{scope}/linear_1/bias"),
         )
 
-    def ffn(scope: str, wide: Callable[[str], Array] = up) -> FfnWeights:
+    def ffn(scope: str, step: Callable[[str], Array] = up) -> FfnWeights:
         return FfnWeights(
             norm_g=up(f"{scope}/layer_norm/gamma"),
             norm_b=up(f"{scope}/layer_norm/beta"),
-            w1=wide(f"{scope}/linear_0/weight"),
+            w1=step(f"{scope}/linear_0/weight"),
             b1=up(f"{scope}/linear_0/bias"),
-            w2=up(f"{scope}/linear_1/weight"),
+            w2=step(f"{scope}/linear_1/weight"),
             b2=up(f"{scope}/linear_1/bias"),
         )
 
@@ -195,9 +199,9 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
     )
     dec_layers = tuple(
         DecoderLayer(
-            attention(f"decoder/layer_{i}/self_attention", False, up_wide),
-            attention(f"decoder/layer_{i}/attention", True),
-            ffn(f"decoder/layer_{i}/ffn", up_wide),
+            attention(f"decoder/layer_{i}/self_attention", False, up_step),
+            attention(f"decoder/layer_{i}/attention", True, up_step),
+            ffn(f"decoder/layer_{i}/ffn", up_step),
         )
         for i in range(count("decoder"))
     )
@@ -210,8 +214,10 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
         enc_layers=enc_layers,
         enc_norm_g=up("encoder/layer_norm/gamma"),
         enc_norm_b=up("encoder/layer_norm/beta"),
-        embedding_t=backend.to_device(
-            np.ascontiguousarray(model.get("decoder/embeddings/weight").T)
+        embedding=(
+            panels.pack(model.get("decoder/embeddings/weight"))
+            if packed
+            else backend.to_device(np.ascontiguousarray(model.get("decoder/embeddings/weight").T))
         ),
         dec_pos=up("decoder/position_encodings/encodings"),
         dec_layers=dec_layers,
@@ -222,11 +228,30 @@ def load_weights(model: Ct2Model, backend: ArrayBackend) -> WhisperWeights:
     )
 
 
-def _linear(be: ArrayBackend, x: Array, w: Array, b: Array | None = None) -> Array:
+def _linear(
+    be: ArrayBackend, x: Array, w: Array, b: Array | None = None, lanes: int | None = None
+) -> Array:
     """``linear`` on a 2-D view: numpy copies a transposed weight for stacked (3-D) matmuls."""
     *lead, d_in = x.shape
-    y = be.linear(be.reshape(x, (-1, d_in)), w, b)
+    y = _project(be, be.reshape(x, (-1, d_in)), w, b, lanes)
     return be.reshape(y, (*lead, y.shape[-1]))
+
+
+def _project(
+    be: ArrayBackend, x: Array, w: Array, b: Array | None = None, lanes: int | None = None
+) -> Array:
+    """``x [M, in] @ w.T + b``: :func:`backends.panels.linear` for a packed weight (on up to
+    ``lanes`` cores; None: the caller's share), else the backend's ``linear``."""
+    if isinstance(w, PackedWeight):
+        return panels.linear(x, w, b, lanes)
+    return be.linear(x, w, b)
+
+
+def _token_rows(be: ArrayBackend, w: WhisperWeights, ids: np.ndarray) -> Array:
+    """The embedding rows of token ``ids`` [n]: [n, d]."""
+    if isinstance(w.embedding, PackedWeight):
+        return panels.rows(w.embedding, ids)
+    return be.transpose(be.take(w.embedding, ids, axis=1), (1, 0))
 
 
 def _split_heads(be: ArrayBackend, x: Array, heads: int) -> Array:
@@ -296,9 +321,9 @@ def _attention_per_window(be: ArrayBackend, q: Array, k: Array, v: Array) -> Arr
     return be.concat(parts, 0)
 
 
-def _ffn(be: ArrayBackend, f: FfnWeights, x: Array) -> Array:
+def _ffn(be: ArrayBackend, f: FfnWeights, x: Array, lanes: int | None = None) -> Array:
     h = be.layer_norm(x, f.norm_g, f.norm_b)
-    return _linear(be, be.gelu(_linear(be, h, f.w1, f.b1)), f.w2, f.b2)
+    return _linear(be, be.gelu(_linear(be, h, f.w1, f.b1, lanes)), f.w2, f.b2, lanes)
 
 
 class DecoderState:
@@ -362,7 +387,7 @@ def step_logits(
     and window.
     """
     rows = [np.asarray([[token]], dtype=np.int64) for token in tokens]
-    pad = ROW_MULTIPLE if len(rows) > 1 else 1
+    pad = ROW_MULTIPLE if len(rows) > 1 and not isinstance(w.embedding, PackedWeight) else 1
     hidden, _ = _decode(be, w, states, rows, (), pad)
     out = logits(be, w, be.reshape(hidden, (hidden.shape[0], w.d_model)))
     return out if out.shape[0] == len(rows) else be.slice(out, 0, 0, len(rows))
@@ -414,8 +439,9 @@ def _decode(
     if any(t.shape[1] != steps for t in tokens):
         raise ValueError("decoder members must feed the same number of tokens")
     if not heads and all(t.shape == (1, 1) for t in tokens):  # a decoding step
-        with _step_products(be, len(tokens)):
-            hidden = _step(be, w, states, [int(t[0, 0]) for t in tokens], pad)
+        lanes = parallel.SHARE.share()  # read before _step_products may hold it at one
+        with _step_products(be):
+            hidden = _step(be, w, states, [int(t[0, 0]) for t in tokens], pad, lanes)
         no_scores = [
             np.zeros((1, 0, 1, s.cross_v[0].shape[2] if s.cross_v else 0), np.float32)
             for s in states
@@ -434,7 +460,7 @@ def _decode(
     positions = np.concatenate(
         [np.tile(np.arange(s, s + steps), t.shape[0]) for s, t in zip(starts, tokens, strict=True)]
     )
-    x = be.transpose(be.take(w.embedding_t, ids, axis=1), (1, 0))
+    x = _token_rows(be, w, ids)
     x = be.reshape(be.add(x, be.take(w.dec_pos, positions, axis=0)), (total, steps, d))
     padding = [be.zeros((-total % pad, steps, d))] if total % pad else []
     x = _join(be, [x, *padding], 0)
@@ -503,15 +529,15 @@ def _decode(
     return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b), attention
 
 
-def _step_products(be: ArrayBackend, members: int) -> AbstractContextManager[None]:
-    """Where a decoding step of ``members`` rows runs its products: on the numpy backend, up
-    to :data:`ROW_MULTIPLE` members, on one BLAS thread (:func:`backends.parallel.one_thread`).
-    A step is about 30 matrix-vector products of 0.6-2.4 MB each, tens of microseconds
-    apiece: OpenBLAS's threads gained 1.15x on them on an idle machine, and each waits
-    for every BLAS thread, which with another job on the second core takes milliseconds
-    (a [1, 384] x [384, 1536] product: 55 us on one thread, 930 us on two at load 2.4).
-    Elsewhere (more members, other backends) nothing changes."""
-    if members <= ROW_MULTIPLE and isinstance(be, NumpyBackend):
+def _step_products(be: ArrayBackend) -> AbstractContextManager[None]:
+    """Where a decoding step's BLAS products run: on the numpy backend on one BLAS thread
+    (:func:`backends.parallel.one_thread`). Its weight products are packed ones
+    (:mod:`backends.panels`, split over the caller's cores where large enough); what is
+    left for the BLAS is each member's self-attention over its cache, products of
+    microseconds, and each waits for every BLAS thread, which with another job on the
+    second core takes milliseconds (a [1, 384] x [384, 1536] product took 55 us on one
+    thread, 930 us on two at load 2.4). Other backends: nothing changes."""
+    if isinstance(be, NumpyBackend):
         return parallel.one_thread()
     return contextlib.nullcontext()
 
@@ -522,6 +548,7 @@ def _step(
     states: Sequence[DecoderState],
     tokens: Sequence[int],
     pad: int,
+    lanes: int,
 ) -> Array:
     """:func:`_decode` for one token per member (a decoding step): hidden states [rows, d].
 
@@ -538,7 +565,7 @@ def _step(
     head_dim = d // heads
     scale = 1.0 / math.sqrt(head_dim)
     members = len(states)
-    x = be.transpose(be.take(w.embedding_t, np.asarray(tokens, dtype=np.intp), axis=1), (1, 0))
+    x = _token_rows(be, w, np.asarray(tokens, dtype=np.intp))
     x = be.add(x, be.take(w.dec_pos, np.asarray(starts, dtype=np.intp), axis=0))
     padding = [be.zeros((-members % pad, d))] if members % pad else []
     x = _join(be, [x, *padding], 0)
@@ -551,7 +578,7 @@ def _step(
 
     for i, layer in enumerate(w.dec_layers):
         a = layer.self_attn
-        qkv = be.linear(be.layer_norm(x, a.norm_g, a.norm_b), a.w_in, a.b_in)
+        qkv = _project(be, be.layer_norm(x, a.norm_g, a.norm_b), a.w_in, a.b_in, lanes)
         ctxs = []
         for m, state in enumerate(states):
             start = starts[m]
@@ -560,12 +587,12 @@ def _step(
             k = be.slice(state.self_k[i], 2, 0, start + 1)
             v = be.slice(state.self_v[i], 2, 0, start + 1)
             ctxs.append(be.reshape(be.attention(head_rows(qkv, m, 0), k, v), (1, d)))
-        x = be.add(x, be.linear(_join(be, ctxs + padding, 0), a.w_out, a.b_out))
+        x = be.add(x, _project(be, _join(be, ctxs + padding, 0), a.w_out, a.b_out, lanes))
 
         c = layer.cross_attn
-        queries = be.linear(be.layer_norm(x, c.norm_g, c.norm_b), c.w_q, c.b_q)
+        queries = _project(be, be.layer_norm(x, c.norm_g, c.norm_b), c.w_q, c.b_q, lanes)
         if _fused_cross_attention(be, states, i):
-            context = _step_cross_attention(queries, states, i, scale, x.shape[0])
+            context = _step_cross_attention(queries, states, i, scale, x.shape[0], lanes)
         else:
             ctxs = []
             for m, state in enumerate(states):
@@ -573,9 +600,9 @@ def _step(
                 ctx = be.matmul(be.softmax(scores), state.cross_v[i])
                 ctxs.append(be.reshape(ctx, (1, d)))
             context = _join(be, ctxs + padding, 0)
-        x = be.add(x, be.linear(context, c.w_out, c.b_out))
+        x = be.add(x, _project(be, context, c.w_out, c.b_out, lanes))
 
-        x = be.add(x, _ffn(be, layer.ffn, x))
+        x = be.add(x, _ffn(be, layer.ffn, x, lanes))
     for m, state in enumerate(states):
         state.length = starts[m] + 1
     return be.layer_norm(x, w.dec_norm_g, w.dec_norm_b)
@@ -593,11 +620,16 @@ def _fused_cross_attention(be: ArrayBackend, states: Sequence[DecoderState], lay
 
 
 def _step_cross_attention(
-    queries: np.ndarray, states: Sequence[DecoderState], layer: int, scale: float, rows: int
+    queries: np.ndarray,
+    states: Sequence[DecoderState],
+    layer: int,
+    scale: float,
+    rows: int,
+    lanes: int,
 ) -> np.ndarray:
     """A decoding step's cross-attention on numpy: member ``m``'s query row ``queries[m]``
     over its own window (:func:`_query_attention_rows`), the members as pieces on
-    the caller's share of the cores (each reads only its own 4.6 MB of keys and values a
+    ``lanes`` cores (each reads only its own 4.6 MB of keys and values a
     layer: memory-bound, and two cores read faster than one); context rows [rows, d], zero
     after the members (padding rows)."""
     heads = states[0].cross_kt[layer].shape[1]
@@ -609,7 +641,7 @@ def _step_cross_attention(
         ctx, _ = _query_attention_rows(query, state.cross_kt[layer], state.cross_v[layer], scale)
         out[m] = ctx[0, 0]
 
-    parallel.run_pieces(member, range(len(states)))
+    parallel.run_pieces(member, range(len(states)), lanes)
     return out
 
 
@@ -640,5 +672,9 @@ def _query_attention_rows(
 def logits(be: ArrayBackend, w: WhisperWeights, hidden: Array) -> Array:
     """Vocabulary logits of hidden states [..., d] (projection tied to the embedding)."""
     *lead, d = hidden.shape
-    out = be.matmul(be.reshape(hidden, (-1, d)), w.embedding_t)
+    rows = be.reshape(hidden, (-1, d))
+    if isinstance(w.embedding, PackedWeight):
+        out = panels.linear(rows, w.embedding)
+    else:
+        out = be.matmul(rows, w.embedding)
     return be.reshape(out, (*lead, w.vocab_size))

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends import parallel
+from backends import panels, parallel
 from backends.numpy_backend import NumpyBackend
+from backends.panels import PackedWeight
 from backends.whisper import model
 from backends.whisper.ct2_reader import read_ct2_model
 from backends.whisper.session import default_model_dir
@@ -134,8 +135,6 @@ def test_a_decoding_step_runs_its_products_on_one_blas_thread(
     products lose on OpenBLAS's threads) and gives the share back after it."""
     from threadpoolctl import ThreadpoolController
 
-    from backends import parallel
-
     blas = ThreadpoolController().select(user_api="blas")
     be = NumpyBackend()
     weights = model.load_weights(read_ct2_model(default_model_dir()), be)
@@ -159,22 +158,51 @@ def test_a_decoding_step_runs_its_products_on_one_blas_thread(
     assert during == [1] and after == 2
 
 
-def test_decoder_widening_weights_are_transposed_views_on_numpy() -> None:
-    """On numpy a decoding step's widening weights (self-attention's fused projection, the
-    FFN's first) are [out, in] views of their transposes stored contiguously, the others as
-    stored (DecoderLayer); every weight holds the checkpoint's values."""
+def test_decoder_step_weights_are_packed_on_numpy() -> None:
+    """On numpy the weights a decoding step multiplies are packed in panels (DecoderLayer),
+    the encoder-output projection and the encoder's weights stay arrays; every weight holds
+    the checkpoint's values."""
     ct2 = read_ct2_model(default_model_dir())
     weights = model.load_weights(ct2, NumpyBackend())
     for i, layer in enumerate(weights.dec_layers):
         scope = f"decoder/layer_{i}"
-        for wide, name in (
+        for packed, name in (
             (layer.self_attn.w_in, "self_attention/linear_0"),
+            (layer.self_attn.w_out, "self_attention/linear_1"),
+            (layer.cross_attn.w_q, "attention/linear_0"),
+            (layer.cross_attn.w_out, "attention/linear_2"),
             (layer.ffn.w1, "ffn/linear_0"),
+            (layer.ffn.w2, "ffn/linear_1"),
         ):
-            assert wide.T.flags.c_contiguous and not wide.flags.c_contiguous
-            assert np.array_equal(wide, ct2.get(f"{scope}/{name}/weight"))
-        for narrow in (layer.ffn.w2, layer.self_attn.w_out, layer.cross_attn.w_in):
-            assert narrow.flags.c_contiguous
+            assert isinstance(packed, PackedWeight)
+            assert np.array_equal(panels.unpack(packed), ct2.get(f"{scope}/{name}/weight"))
+        assert isinstance(layer.cross_attn.w_in, np.ndarray)
+    assert isinstance(weights.embedding, PackedWeight)
+    assert np.array_equal(panels.unpack(weights.embedding), ct2.get("decoder/embeddings/weight"))
+    assert (weights.d_model, weights.vocab_size) == (384, 51864)
+    assert isinstance(weights.enc_layers[0].ffn.w1, np.ndarray)
+
+
+def test_a_steps_members_get_the_bits_they_get_alone() -> None:
+    """On numpy a member's logits in a batched step are exactly those of the same step taken
+    alone (packed products and per-member attention: no row depends on another)."""
+    be = NumpyBackend()
+    weights = model.load_weights(read_ct2_model(default_model_dir()), be)
+    rng = np.random.default_rng(5)
+    windows = rng.normal(size=(3, 1500, weights.d_model)).astype(np.float32)
+    prompts = ([50257, 50362], [50257], [50257, 50362, 440])
+
+    def primed(m: int) -> model.DecoderState:
+        state = model.DecoderState(be, weights)
+        state.set_memory(windows[m : m + 1])
+        model.decode(be, weights, state, np.asarray([prompts[m]], dtype=np.int64))
+        return state
+
+    tokens = [440, 1002, 13]
+    together = model.step_logits(be, weights, [primed(m) for m in range(3)], tokens)
+    for m in range(3):
+        alone = model.step_logits(be, weights, [primed(m)], [tokens[m]])
+        assert alone.tobytes() == together[m : m + 1].tobytes()
 
 
 def test_windows_are_encoded_one_a_core_with_one_threads_values() -> None:
@@ -182,8 +210,6 @@ def test_windows_are_encoded_one_a_core_with_one_threads_values() -> None:
     batch's values are exactly one window's on one thread, even where the BLAS would give
     the op-by-op encoder two threads."""
     from threadpoolctl import threadpool_limits
-
-    from backends import parallel
 
     be = NumpyBackend()
     weights = model.load_weights(read_ct2_model(default_model_dir()), be)
@@ -223,9 +249,8 @@ def test_a_steps_cross_attention_is_the_same_on_one_core_or_two() -> None:
     states = [window() for _ in range(members)]
     queries = rng.standard_normal((4, heads * dim)).astype(np.float32)
     results = []
-    for share in (1, 2):
-        parallel.SHARE.set_threads(share)
-        results.append(model._step_cross_attention(queries, states, 0, 0.125, 4))
+    for lanes in (1, 2):
+        results.append(model._step_cross_attention(queries, states, 0, 0.125, 4, lanes))
     assert np.array_equal(results[0], results[1])
     assert not results[0][members:].any()  # the padding row stays zero
     for m, state in enumerate(states):

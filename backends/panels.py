@@ -1,0 +1,118 @@
+"""Weights packed in panels for products of a few rows: a decoding step's, on numpy.
+
+A decoding step multiplies a few rows (one a sequence) by every weight of the
+decoder and by the 80 MB vocabulary projection. OpenBLAS runs one row as a
+matrix-vector product at memory speed, but for two to eight rows it packs the
+whole weight into its own layout on every call, which costs about what the
+product does: one step of two members took twice the time of one
+(docs/performance.md, "Session 10"). :func:`pack` puts a weight in that kind of layout
+once, when the model is loaded (the same bytes as the checkpoint's: it replaces
+that copy), and :func:`linear` multiplies rows by it with
+:func:`backends.kernels.panel_product`, which reads each panel once for all rows.
+
+Every output is its bias plus the terms in ascending order, so a row's values are
+the same bits whether it is alone or one of a batch's rows, and whichever core
+computes its columns. On several cores the panels are split into pieces
+(:mod:`backends.parallel`) when the weight is large enough for a piece to pay for
+its hand-over.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from backends import kernels, parallel
+
+PANEL = kernels.PANEL
+
+PIECE_BYTES = 1 << 21
+"""A split's pieces hold at least this many bytes of a weight's panels (2 MiB: a few hundred
+microseconds of reading, against tens for handing a piece to another core); smaller
+weights are one call on the caller's thread."""
+
+MAX_PIECES = 16
+
+
+@attrs.frozen(eq=False)
+class PackedWeight:
+    """A linear layer's weight ``w [out, in]`` as panels of :data:`PANEL` output rows:
+    ``panels[q, k, j] = w[q * PANEL + j, k]``, zero past ``out`` (each panel one contiguous
+    block, read from start to end by a product)."""
+
+    panels: np.ndarray  # [ceil(out / PANEL), in, PANEL] float32, C-contiguous
+    out_features: int
+    zero_bias: np.ndarray  # [ceil(out / PANEL) * PANEL]: the bias of a product without one
+
+    @property
+    def in_features(self) -> int:
+        return int(self.panels.shape[1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(out, in)``: the shape of the weight it packs."""
+        return (self.out_features, self.in_features)
+
+
+def pack(w: np.ndarray) -> PackedWeight:
+    """``w [out, in]`` (any float dtype and layout) packed as float32 panels."""
+    if w.ndim != 2:
+        raise ValueError(f"pack: a weight [out, in], not shape {w.shape}")
+    out_features, in_features = w.shape
+    count = -(-out_features // PANEL)
+    padded = np.zeros((count * PANEL, in_features), np.float32)
+    padded[:out_features] = w
+    panels = np.ascontiguousarray(padded.reshape(count, PANEL, in_features).transpose(0, 2, 1))
+    return PackedWeight(panels, out_features, np.zeros(count * PANEL, np.float32))
+
+
+def unpack(p: PackedWeight) -> np.ndarray:
+    """The weight ``[out, in]`` that ``p`` packs (a new array)."""
+    return rows(p, np.arange(p.out_features))
+
+
+def rows(p: PackedWeight, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of the packed weight, ``[len(ids), in]`` (a tied embedding's token
+    vectors). Ids outside ``[0, out)`` raise IndexError."""
+    ids = np.asarray(ids, dtype=np.intp).reshape(-1)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= p.out_features):
+        raise IndexError(f"rows: ids must be in [0, {p.out_features})")
+    return np.ascontiguousarray(p.panels[ids // PANEL, :, ids % PANEL])
+
+
+def linear(
+    x: np.ndarray, p: PackedWeight, bias: np.ndarray | None = None, lanes: int | None = None
+) -> np.ndarray:
+    """``x [M, in] @ w.T + bias`` as float32 ``[M, out]``, on up to ``lanes`` cores at once
+    (None: the caller's share, :func:`backends.parallel.SHARE`)."""
+    if x.ndim != 2 or x.shape[1] != p.in_features:
+        raise ValueError(f"linear: rows [M, {p.in_features}], not shape {x.shape}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    b = p.zero_bias if bias is None else _padded_bias(bias, p)
+    out = np.empty((x.shape[0], p.out_features), np.float32)
+    if x.shape[0] == 0:
+        return out
+    count = p.panels.shape[0]
+    pieces = min(MAX_PIECES, p.panels.nbytes // PIECE_BYTES, count)
+    cores = parallel.SHARE.share() if lanes is None else lanes
+    if cores <= 1 or pieces <= 1:
+        kernels.panel_product(x, p.panels, b, out, 0, count)
+        return out
+    bounds = [count * i // pieces for i in range(pieces + 1)]
+
+    def piece(i: int) -> None:
+        kernels.panel_product(x, p.panels, b, out, bounds[i], bounds[i + 1])
+
+    parallel.run_pieces(piece, range(pieces), lanes=cores)
+    return out
+
+
+def _padded_bias(bias: np.ndarray, p: PackedWeight) -> np.ndarray:
+    """``bias [out]`` as one value a panel column (zeros after ``out``)."""
+    if bias.shape != (p.out_features,):
+        raise ValueError(f"linear: bias [{p.out_features}], not shape {bias.shape}")
+    if p.zero_bias.shape[0] == p.out_features:
+        return np.ascontiguousarray(bias, dtype=np.float32)
+    padded = np.zeros_like(p.zero_bias)
+    padded[: p.out_features] = bias
+    return padded
