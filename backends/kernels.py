@@ -33,10 +33,10 @@ What they compute, and how it compares with numpy's:
   values are the same bits whatever rows share its call and whichever panels a core
   takes.
 
-The kernels are compiled when this module is first imported (2-3 s) and cached next to
+The kernels are compiled when this module is first imported (4-6 s) and cached next to
 it (numba's ``cache=True``; where that folder is read-only, numba's per-user cache), so
 later imports load them (about 0.1-0.5 s, beside numba's own import, about 0.5 s). Only
-numpy paths use them (the numpy backend, and Whisper's decoding step on numpy); the OpenCL
+numpy paths use them (the numpy backend, and Whisper's decoder on numpy); the OpenCL
 and CUDA backends have kernels of their own.
 """
 

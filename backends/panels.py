@@ -27,11 +27,17 @@ from backends import kernels, parallel
 PANEL = kernels.PANEL
 
 PIECE_BYTES = 1 << 21
-"""A split's pieces hold at least this many bytes of a weight's panels (2 MiB: a few hundred
-microseconds of reading, against tens for handing a piece to another core); smaller
-weights are one call on the caller's thread."""
+"""A split's pieces hold about this many bytes of a weight's panels or more (2 MiB: a few
+hundred microseconds of reading, against 20-100 us for handing a piece to another core
+on the development VM); smaller weights are one call on the caller's thread, unless
+they have many rows (:data:`SPLIT_ROWS`)."""
 
 MAX_PIECES = 16
+
+SPLIT_ROWS = 32
+"""Rows from which a weight too small to split by panels is split by rows instead, one
+group of rows (a multiple of four) a lane, each reading the whole weight (from cache):
+a prompt's tokens or the alignment pass's positions are compute, not memory."""
 
 
 @attrs.frozen(eq=False)
@@ -92,18 +98,26 @@ def linear(
     out = np.empty((x.shape[0], p.out_features), np.float32)
     if x.shape[0] == 0:
         return out
-    count = p.panels.shape[0]
+    count, rows = p.panels.shape[0], x.shape[0]
     pieces = min(MAX_PIECES, p.panels.nbytes // PIECE_BYTES, count)
     cores = parallel.SHARE.share() if lanes is None else lanes
-    if cores <= 1 or pieces <= 1:
+    if cores > 1 and pieces > 1:
+        bounds = [count * i // pieces for i in range(pieces + 1)]
+
+        def panel_piece(i: int) -> None:
+            kernels.panel_product(x, p.panels, b, out, bounds[i], bounds[i + 1])
+
+        parallel.run_pieces(panel_piece, range(pieces), lanes=cores)
+    elif cores > 1 and rows >= SPLIT_ROWS:
+        groups = [4 * (-(-rows // 4) * i // cores) for i in range(cores)] + [rows]
+
+        def row_piece(i: int) -> None:
+            lo, hi = groups[i], groups[i + 1]
+            kernels.panel_product(x[lo:hi], p.panels, b, out[lo:hi], 0, count)
+
+        parallel.run_pieces(row_piece, range(cores), lanes=cores)
+    else:
         kernels.panel_product(x, p.panels, b, out, 0, count)
-        return out
-    bounds = [count * i // pieces for i in range(pieces + 1)]
-
-    def piece(i: int) -> None:
-        kernels.panel_product(x, p.panels, b, out, bounds[i], bounds[i + 1])
-
-    parallel.run_pieces(piece, range(pieces), lanes=cores)
     return out
 
 

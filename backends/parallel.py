@@ -75,8 +75,9 @@ class CoreShare:
     """The BLAS thread count and the splits that borrow it (one per process: :data:`SHARE`).
 
     ``controller`` sets and reads the BLAS's threads (threadpoolctl's, looked up
-    on first use; None: no control, every split runs its pieces in order); ``pool``
-    the worker threads (default: one a core, started on first use).
+    on first use; None: no control, every split the share decides runs its pieces in
+    order, and one given ``lanes`` runs on that many threads, for pieces that do not call
+    the BLAS); ``pool`` the worker threads (default: one a core, started on first use).
     """
 
     def __init__(
@@ -182,7 +183,8 @@ class CoreShare:
         Piper's text encoder on a short sentence took 157 ms at two BLAS threads against
         36 at one with one other job running. A split inside the block still runs on the
         share the server set (a script's own BLAS count is held at one meanwhile: one
-        piece at a time). Results are those of one BLAS thread, within the tolerances
+        piece at a time, unless the split is given the ``lanes`` its caller read before
+        the block). Results are those of one BLAS thread, within the tolerances
         :mod:`server.blas` declares of any thread count."""
         if self._control() is None:
             yield

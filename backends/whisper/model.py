@@ -382,8 +382,8 @@ def step_logits(
 
     Member ``m`` feeds ``tokens[m]`` at the next position of ``states[m]`` (each has
     its own length, caches and window). Every linear layer and the vocabulary
-    projection is one product over the stacked rows, padded with zero rows to a
-    multiple of :data:`ROW_MULTIPLE`; attention runs per member, over its own cache
+    projection is one product over the stacked rows (off numpy padded with zero rows to
+    a multiple of :data:`ROW_MULTIPLE`); attention runs per member, over its own cache
     and window.
     """
     rows = [np.asarray([[token]], dtype=np.int64) for token in tokens]

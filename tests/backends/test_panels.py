@@ -96,6 +96,10 @@ def test_large_weights_are_split_over_the_lanes_with_the_same_values(
     small = panels.pack(rng.standard_normal((384, 384)).astype(np.float32))  # 0.6 MB
     panels.linear(x, small, None, lanes=2)
     assert len(splits) == 1  # too small to hand pieces to other cores
+    many = rng.standard_normal((37, 384)).astype(np.float32)  # a prompt's rows: split by rows
+    by_rows = panels.linear(many, small, None, lanes=3)
+    assert splits[1:] == [(3, 3)]
+    assert by_rows.tobytes() == panels.linear(many, small, None, lanes=1).tobytes()
 
 
 def test_rows_unpack_and_shapes() -> None:
