@@ -75,9 +75,20 @@ def model_row(url: str, model: str) -> dict[str, Any]:
 
 
 def wait_row(url: str, model: str, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """The fleet's row of ``model`` once ``pred`` holds (replicas report every half second)."""
-    wait_until(lambda: pred(model_row(url, model)), f"{model} in the expected state")
-    return model_row(url, model)
+    """The fleet's row of ``model`` once ``pred`` holds (replicas report every half second);
+    on a timeout the message carries the last row seen (a view that never converged, seen
+    once in session 10, says there which replica lists what)."""
+    seen: list[dict[str, Any]] = [{}]
+
+    def holds() -> bool:
+        seen[0] = model_row(url, model)
+        return pred(seen[0])
+
+    try:
+        wait_until(holds, f"{model} in the expected state")
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}; the last row: {seen[0]}") from None
+    return seen[0]
 
 
 def admitted_by_replica(url: str, model: str) -> dict[str, float]:
