@@ -105,7 +105,7 @@ _IN1, _IN2, _IN3 = _array(1, True), _array(2, True), _array(3, True)
 _OUT1, _OUT2 = _array(1), _array(2)
 
 
-NUMBA_CONFIG: Any = _numba_config
+_NUMBA: Any = _numba_config
 """numba's settings, read by its compiler when it compiles (not typed: set by name)."""
 
 
@@ -117,12 +117,12 @@ def _kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
     while this kernel (and the helpers it calls, compiled with it) is compiled."""
 
     def compile_now(function: F) -> F:
-        before = NUMBA_CONFIG.SLP_VECTORIZE
-        NUMBA_CONFIG.SLP_VECTORIZE = int(slp or before)
+        before = _NUMBA.SLP_VECTORIZE
+        _NUMBA.SLP_VECTORIZE = int(slp or before)
         try:
             return cast(F, njit(signature, **_OPTIONS)(function))
         finally:
-            NUMBA_CONFIG.SLP_VECTORIZE = before
+            _NUMBA.SLP_VECTORIZE = before
 
     return compile_now
 
@@ -230,6 +230,14 @@ def _row_sum(row: Any) -> Any:  # pragma: no cover - compiled
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
+@_compiled
+def _exp_shifted(row: Any) -> Any:  # pragma: no cover - compiled
+    """``row = exp(row - max(row))`` in place; returns the new row's sum (a softmax's divisor):
+    the one place the kernels' softmax is computed."""
+    _exp_row(row, _row_max(row))
+    return _row_sum(row)
+
+
 @_kernel(types.void(_OUT2, _OUT2))
 def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
     """Each row of the float32 ``scores`` [n, m] becomes ``exp(row - max(row))``, in place;
@@ -239,9 +247,7 @@ def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
     if scores.shape[1] == 0:
         raise ValueError("softmax_rows: rows must not be empty")
     for i in range(scores.shape[0]):
-        row = scores[i]
-        _exp_row(row, _row_max(row))
-        sums[i, 0] = _row_sum(row)
+        sums[i, 0] = _exp_shifted(scores[i])
 
 
 @_kernel(types.void(_IN1, _OUT1))
@@ -329,8 +335,7 @@ def query_attention(
         for t in range(keys):
             row[t] *= scale
             p[t] = row[t]
-        _exp_row(p, _row_max(p))
-        total = _row_sum(p)
+        total = _exp_shifted(p)
         o = out[h]
         o[:] = 0.0
         for t in range(keys):

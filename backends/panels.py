@@ -19,6 +19,8 @@ its hand-over.
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import numpy as np
 
@@ -65,10 +67,11 @@ def pack(w: np.ndarray) -> PackedWeight:
     if w.ndim != 2:
         raise ValueError(f"pack: a weight [out, in], not shape {w.shape}")
     out_features, in_features = w.shape
-    count = -(-out_features // PANEL)
-    padded = np.zeros((count * PANEL, in_features), np.float32)
-    padded[:out_features] = w
-    panels = np.ascontiguousarray(padded.reshape(count, PANEL, in_features).transpose(0, 2, 1))
+    count, full = -(-out_features // PANEL), out_features // PANEL
+    panels = np.zeros((count, in_features, PANEL), np.float32)  # one copy, written in place
+    panels[:full] = w[: full * PANEL].reshape(full, PANEL, in_features).transpose(0, 2, 1)
+    if full < count:  # a last, partial panel: its missing columns stay zero
+        panels[full, :, : out_features - full * PANEL] = w[full * PANEL :].T
     return PackedWeight(panels, out_features, np.zeros(count * PANEL, np.float32))
 
 
@@ -98,27 +101,34 @@ def linear(
     out = np.empty((x.shape[0], p.out_features), np.float32)
     if x.shape[0] == 0:
         return out
-    count, rows = p.panels.shape[0], x.shape[0]
-    pieces = min(MAX_PIECES, p.panels.nbytes // PIECE_BYTES, count)
     cores = parallel.SHARE.share() if lanes is None else lanes
+    parts = _parts(x.shape[0], p, cores)
+
+    def piece(part: tuple[int, int, int, int]) -> None:
+        r0, r1, lo, hi = part
+        kernels.panel_product(x[r0:r1], p.panels, b, out[r0:r1], lo, hi)
+
+    if len(parts) == 1:
+        piece(parts[0])
+    else:
+        parallel.run_pieces(piece, parts, lanes=cores)
+    return out
+
+
+def _parts(rows: int, p: PackedWeight, cores: int) -> list[tuple[int, int, int, int]]:
+    """How a product of ``rows`` rows by ``p`` is cut for ``cores`` cores, as (first row, end
+    row, first panel, end panel): by panels when the weight is large (:data:`PIECE_BYTES`),
+    by groups of rows (multiples of four) when it is small but has many rows
+    (:data:`SPLIT_ROWS`), else one part."""
+    count = p.panels.shape[0]
+    pieces = min(MAX_PIECES, p.panels.nbytes // PIECE_BYTES, count)
     if cores > 1 and pieces > 1:
         bounds = [count * i // pieces for i in range(pieces + 1)]
-
-        def panel_piece(i: int) -> None:
-            kernels.panel_product(x, p.panels, b, out, bounds[i], bounds[i + 1])
-
-        parallel.run_pieces(panel_piece, range(pieces), lanes=cores)
-    elif cores > 1 and rows >= SPLIT_ROWS:
+        return [(0, rows, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    if cores > 1 and rows >= SPLIT_ROWS:
         groups = [4 * (-(-rows // 4) * i // cores) for i in range(cores)] + [rows]
-
-        def row_piece(i: int) -> None:
-            lo, hi = groups[i], groups[i + 1]
-            kernels.panel_product(x[lo:hi], p.panels, b, out[lo:hi], 0, count)
-
-        parallel.run_pieces(row_piece, range(cores), lanes=cores)
-    else:
-        kernels.panel_product(x, p.panels, b, out, 0, count)
-    return out
+        return [(r0, r1, 0, count) for r0, r1 in itertools.pairwise(groups)]
+    return [(0, rows, 0, count)]
 
 
 def _padded_bias(bias: np.ndarray, p: PackedWeight) -> np.ndarray:
