@@ -91,25 +91,26 @@ _SQRT2 = np.float32(math.sqrt(2.0))
 _HALF, _ONE, _FOUR = np.float32(0.5), np.float32(1.0), np.float32(4.0)
 
 
-def _compiled(function: F) -> F:
+def compiled(function: F) -> F:
     """``function`` for numba to compile with this module's options where a kernel calls it."""
     return cast(F, njit(**_OPTIONS)(function))
 
 
-def _array(ndim: int, readonly: bool = False) -> Any:
-    """The numba type of a C-contiguous float32 array (a writable one converts to readonly)."""
-    return types.Array(types.float32, ndim, "C", readonly=readonly)
+def array_type(ndim: int, dtype: Any = types.float32, readonly: bool = False) -> Any:
+    """The numba type of a C-contiguous array (float32 unless ``dtype``; a writable array
+    converts to a readonly one)."""
+    return types.Array(dtype, ndim, "C", readonly=readonly)
 
 
-_IN1, _IN2, _IN3 = _array(1, True), _array(2, True), _array(3, True)
-_OUT1, _OUT2 = _array(1), _array(2)
+_IN1, _IN2, _IN3 = (array_type(n, readonly=True) for n in (1, 2, 3))
+_OUT1, _OUT2 = array_type(1), array_type(2)
 
 
 _NUMBA: Any = _numba_config
 """numba's settings, read by its compiler when it compiles (not typed: set by name)."""
 
 
-def _kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
+def kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
     """A kernel compiled for ``signature`` when this module is imported (or loaded from the
     cache): never in a request, and other argument types are refused (TypeError) rather
     than compiled. ``slp``: with LLVM's SLP vectorizer (off in numba by default), which
@@ -162,7 +163,7 @@ PANEL = 16
 """Output columns a panel of a packed weight holds (:func:`panel_product`): two AVX vectors."""
 
 
-@_compiled
+@compiled
 def _exp_le0(x: Any) -> Any:  # pragma: no cover - compiled
     """``exp(x)`` for ``x <= 0`` (a softmax's shifted scores); 0 below :data:`_EXP_LOW`, NaN for
     NaN (as numpy's softmax: one NaN score makes its row NaN, wherever it sits)."""
@@ -177,7 +178,7 @@ def _exp_le0(x: Any) -> Any:  # pragma: no cover - compiled
     return x if x != x else np.float32(0.0)  # NaN stays NaN (and spreads through the sum)
 
 
-@_compiled
+@compiled
 def _row_max(row: Any) -> Any:  # pragma: no cover - compiled
     """The largest element of a float32 row (eight interleaved maxima, then those)."""
     n = row.shape[0]
@@ -203,14 +204,14 @@ def _row_max(row: Any) -> Any:  # pragma: no cover - compiled
     return a if a > c else c
 
 
-@_compiled
+@compiled
 def _exp_row(row: Any, top: Any) -> None:  # pragma: no cover - compiled
     """``row = exp(row - top)`` in place."""
     for j in range(row.shape[0]):
         row[j] = _exp_le0(row[j] - top)
 
 
-@_compiled
+@compiled
 def _row_sum(row: Any) -> Any:  # pragma: no cover - compiled
     """The sum of a float32 row: eight interleaved partial sums, then those in a fixed order."""
     n = row.shape[0]
@@ -230,7 +231,7 @@ def _row_sum(row: Any) -> Any:  # pragma: no cover - compiled
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@_compiled
+@compiled
 def _exp_shifted(row: Any) -> Any:  # pragma: no cover - compiled
     """``row = exp(row - max(row))`` in place; returns the new row's sum (a softmax's divisor):
     the one place the kernels' softmax is computed."""
@@ -238,7 +239,7 @@ def _exp_shifted(row: Any) -> Any:  # pragma: no cover - compiled
     return _row_sum(row)
 
 
-@_kernel(types.void(_OUT2, _OUT2))
+@kernel(types.void(_OUT2, _OUT2))
 def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
     """Each row of the float32 ``scores`` [n, m] becomes ``exp(row - max(row))``, in place;
     ``sums`` [n, 1] gets each new row's sum (the softmax's divisor, left to the caller)."""
@@ -250,7 +251,7 @@ def softmax_rows(scores: Any, sums: Any) -> None:  # pragma: no cover - compiled
         sums[i, 0] = _exp_shifted(scores[i])
 
 
-@_kernel(types.void(_IN1, _OUT1))
+@kernel(types.void(_IN1, _OUT1))
 def gelu(x: Any, out: Any) -> None:  # pragma: no cover - compiled
     """``out = gelu(x)`` over float32 vectors: :func:`backends.erf.gelu`'s operations, in order."""
     if out.shape[0] != x.shape[0]:
@@ -277,7 +278,7 @@ def gelu(x: Any, out: Any) -> None:  # pragma: no cover - compiled
         out[j] = _HALF * v * (_ONE + e)
 
 
-@_kernel(types.void(_IN2, _IN1, _IN1, types.float32, _OUT2))
+@kernel(types.void(_IN2, _IN1, _IN1, types.float32, _OUT2))
 def layer_norm(x: Any, gamma: Any, beta: Any, eps: Any, out: Any) -> None:  # pragma: no cover
     """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` over each row of ``x`` [n, d]
     (mean and biased variance over the row, their sums as :func:`_row_sum`'s)."""
@@ -297,7 +298,35 @@ def layer_norm(x: Any, gamma: Any, beta: Any, eps: Any, out: Any) -> None:  # pr
             dst[j] = dst[j] / std * gamma[j] + beta[j]
 
 
-@_kernel(types.void(_IN2, _IN3, _IN3, types.float32, _OUT2, _OUT2))
+@compiled
+def attend_head(
+    q: Any, kt: Any, v: Any, scale: Any, scores: Any, out: Any, p: Any
+) -> None:  # pragma: no cover - compiled
+    """:func:`query_attention` for one head: ``q [D]``, ``kt [D, T]``, ``v [T, D]``, the scaled
+    scores ``[T]`` and the context ``out [D]``; ``p [T]`` is scratch. Unchecked: the caller
+    checked the shapes."""
+    keys, dim = v.shape
+    scores[:] = 0.0
+    for d in range(dim):
+        qd = q[d]
+        k_row = kt[d]
+        for t in range(keys):
+            scores[t] += qd * k_row[t]
+    for t in range(keys):
+        scores[t] *= scale
+        p[t] = scores[t]
+    total = _exp_shifted(p)
+    out[:] = 0.0
+    for t in range(keys):
+        pt = p[t]
+        v_row = v[t]
+        for d in range(dim):
+            out[d] += pt * v_row[d]
+    for d in range(dim):
+        out[d] /= total
+
+
+@kernel(types.void(_IN2, _IN3, _IN3, types.float32, _OUT2, _OUT2))
 def query_attention(
     q: Any, kt: Any, v: Any, scale: Any, scores: Any, out: Any
 ) -> None:  # pragma: no cover - compiled
@@ -325,29 +354,10 @@ def query_attention(
         raise ValueError("query_attention: no keys")
     p = np.empty(keys, np.float32)
     for h in range(heads):
-        row = scores[h]
-        row[:] = 0.0
-        for d in range(dim):
-            qd = q[h, d]
-            k_row = kt[h, d]
-            for t in range(keys):
-                row[t] += qd * k_row[t]
-        for t in range(keys):
-            row[t] *= scale
-            p[t] = row[t]
-        total = _exp_shifted(p)
-        o = out[h]
-        o[:] = 0.0
-        for t in range(keys):
-            pt = p[t]
-            v_row = v[h, t]
-            for d in range(dim):
-                o[d] += pt * v_row[d]
-        for d in range(dim):
-            o[d] /= total
+        attend_head(q[h], kt[h], v[h], scale, scores[h], out[h], p)
 
 
-@_compiled
+@compiled
 def _one_row(
     x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
 ) -> None:  # pragma: no cover - compiled
@@ -377,7 +387,7 @@ def _one_row(
                 out[base + j] = tile[t, j]
 
 
-@_compiled
+@compiled
 def _store(tile: Any, rows: Any, out: Any, m0: Any, start: Any) -> None:  # pragma: no cover
     """Rows ``m0`` to ``m0 + rows`` of ``out`` get ``tile``'s first rows from column
     ``start`` on (as many columns as ``out`` has left: the last panel may be partial)."""
@@ -388,32 +398,13 @@ def _store(tile: Any, rows: Any, out: Any, m0: Any, start: Any) -> None:  # prag
             row[start + j] = tile[r, j]
 
 
-@_kernel(types.void(_IN2, _IN3, _IN1, _OUT2, types.int64, types.int64), slp=True)
-def panel_product(
+@compiled
+def panel_rows(
     x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
 ) -> None:  # pragma: no cover - compiled
-    """``out[:, j] = bias[j] + sum_k x[:, k] * w[j, k]`` for the columns of panels ``lo`` to
-    ``hi`` of a weight ``w [n, K]`` packed as ``panels [ceil(n / PANEL), K, PANEL]``
-    (``panels[q, k, i] = w[q * PANEL + i, k]``, :func:`backends.panels.pack`); ``x [M, K]``,
-    ``bias`` one value a panel column (``[panels * PANEL]``), ``out [M, n]``.
-
-    Each output is its bias plus the terms in ascending ``k``, a multiply then an add each,
-    whatever ``M`` and the range: rows go in blocks of four (the block's 8 accumulators in
-    registers, each panel row loaded once for the four), a lone row two panels at a time.
-    Each panel is read once a block: a step's weights, a few rows, once from memory."""
+    """:func:`panel_product`'s loops, unchecked (the caller checked the shapes and the range);
+    compiled into a kernel that calls it, with that kernel's vectorizer settings."""
     rows, depth = x.shape
-    count, cols = panels.shape[0], out.shape[1]
-    if (
-        panels.shape[1] != depth
-        or panels.shape[2] != PANEL
-        or bias.shape[0] != count * PANEL
-        or out.shape[0] != rows
-        or cols > count * PANEL
-        or cols <= (count - 1) * PANEL
-        or lo < 0
-        or hi > count
-    ):
-        raise ValueError("panel_product: x [M, K], panels [Q, K, 16], bias [Q * 16], out [M, n]")
     if rows == 1:
         _one_row(x[0], panels, bias, out[0], lo, hi)
         return
@@ -440,6 +431,35 @@ def panel_product(
                 for j in range(PANEL):
                     tile[r, j] = acc[r * PANEL + j]
             _store(tile, min(4, rows - m0), out, m0, start)
+
+
+@kernel(types.void(_IN2, _IN3, _IN1, _OUT2, types.int64, types.int64), slp=True)
+def panel_product(
+    x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """``out[:, j] = bias[j] + sum_k x[:, k] * w[j, k]`` for the columns of panels ``lo`` to
+    ``hi`` of a weight ``w [n, K]`` packed as ``panels [ceil(n / PANEL), K, PANEL]``
+    (``panels[q, k, i] = w[q * PANEL + i, k]``, :func:`backends.panels.pack`); ``x [M, K]``,
+    ``bias`` one value a panel column (``[panels * PANEL]``), ``out [M, n]``.
+
+    Each output is its bias plus the terms in ascending ``k``, a multiply then an add each,
+    whatever ``M`` and the range: rows go in blocks of four (the block's 8 accumulators in
+    registers, each panel row loaded once for the four), a lone row two panels at a time.
+    Each panel is read once a block: a step's weights, a few rows, once from memory."""
+    rows, depth = x.shape
+    count, cols = panels.shape[0], out.shape[1]
+    if (
+        panels.shape[1] != depth
+        or panels.shape[2] != PANEL
+        or bias.shape[0] != count * PANEL
+        or out.shape[0] != rows
+        or cols > count * PANEL
+        or cols <= (count - 1) * PANEL
+        or lo < 0
+        or hi > count
+    ):
+        raise ValueError("panel_product: x [M, K], panels [Q, K, 16], bias [Q * 16], out [M, n]")
+    panel_rows(x, panels, bias, out, lo, hi)
 
 
 def _first_calls() -> None:

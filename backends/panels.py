@@ -24,7 +24,7 @@ import itertools
 import attrs
 import numpy as np
 
-from backends import kernels, parallel
+from backends import handoff, kernels, parallel
 
 PANEL = kernels.PANEL
 
@@ -33,6 +33,11 @@ PIECE_BYTES = 1 << 21
 hundred microseconds of reading, against 20-100 us for handing a piece to another core
 on the development VM); smaller weights are one call on the caller's thread, unless
 they have many rows (:data:`SPLIT_ROWS`)."""
+
+HANDOFF_PIECE_BYTES = 1 << 18
+"""The same where the pieces go to spinning helpers (:mod:`backends.handoff`: about a
+microsecond a hand-over): 256 KiB, so that a decoding step's 0.6-2.4 MB layer weights
+are split too."""
 
 MAX_PIECES = 16
 
@@ -102,7 +107,7 @@ def linear(
     if x.shape[0] == 0:
         return out
     cores = parallel.SHARE.share() if lanes is None else lanes
-    parts = _parts(x.shape[0], p, cores)
+    parts = _parts(x.shape[0], p, cores, handoff.usable(cores))
 
     def piece(part: tuple[int, int, int, int]) -> None:
         r0, r1, lo, hi = part
@@ -110,24 +115,30 @@ def linear(
 
     if len(parts) == 1:
         piece(parts[0])
-    else:
-        parallel.run_pieces(piece, parts, lanes=cores)
+    elif not (
+        handoff.usable(cores)
+        and handoff.HELPERS.product(x, p.panels, b, out, np.array(parts, np.int64), cores)
+    ):  # the thread pool's pieces (another caller holds the helpers: cut for the pool)
+        parallel.run_pieces(piece, _parts(x.shape[0], p, cores), lanes=cores)
     return out
 
 
-def _parts(rows: int, p: PackedWeight, cores: int) -> list[tuple[int, int, int, int]]:
+def _parts(
+    rows: int, p: PackedWeight, cores: int, helpers: bool = False
+) -> list[tuple[int, int, int, int]]:
     """How a product of ``rows`` rows by ``p`` is cut for ``cores`` cores, as (first row, end
-    row, first panel, end panel): by panels when the weight is large (:data:`PIECE_BYTES`),
-    by groups of rows (multiples of four) when it is small but has many rows
-    (:data:`SPLIT_ROWS`), else one part."""
+    row, first panel, end panel): by panels when the weight is large (:data:`PIECE_BYTES`,
+    :data:`HANDOFF_PIECE_BYTES` for ``helpers``), by groups of rows (multiples of four) when
+    it is small but has many rows (:data:`SPLIT_ROWS`), else one part."""
     count = p.panels.shape[0]
-    pieces = min(MAX_PIECES, p.panels.nbytes // PIECE_BYTES, count)
+    piece_bytes = HANDOFF_PIECE_BYTES if helpers else PIECE_BYTES
+    pieces = min(MAX_PIECES, p.panels.nbytes // piece_bytes, count)
     if cores > 1 and pieces > 1:
         bounds = [count * i // pieces for i in range(pieces + 1)]
         return [(0, rows, lo, hi) for lo, hi in itertools.pairwise(bounds)]
     if cores > 1 and rows >= SPLIT_ROWS:
-        groups = [4 * (-(-rows // 4) * i // cores) for i in range(cores)] + [rows]
-        return [(r0, r1, 0, count) for r0, r1 in itertools.pairwise(groups)]
+        groups = sorted({4 * (-(-rows // 4) * i // cores) for i in range(cores)} | {rows})
+        return [(r0, r1, 0, count) for r0, r1 in itertools.pairwise(groups)]  # none empty
     return [(0, rows, 0, count)]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from backends import kernels, panels, parallel
+from backends import handoff, kernels, panels, parallel
 from backends.base import Array, ArrayBackend
 from backends.numpy_backend import NumpyBackend
 from backends.panels import PackedWeight
@@ -628,12 +628,20 @@ def _step_cross_attention(
     lanes: int,
 ) -> np.ndarray:
     """A decoding step's cross-attention on numpy: member ``m``'s query row ``queries[m]``
-    over its own window (:func:`_query_attention_rows`), the members as pieces on
-    ``lanes`` cores (each reads only its own 4.6 MB of keys and values a
-    layer: memory-bound, and two cores read faster than one); context rows [rows, d], zero
-    after the members (padding rows)."""
+    over its own window (:func:`_query_attention_rows`), on ``lanes`` cores (each member
+    reads only its own 4.6 MB of keys and values a layer: memory-bound, and two cores read
+    faster than one): each (member, head) a piece for the spinning helpers
+    (:mod:`backends.handoff`), else the members as pieces of a split; context rows [rows,
+    d], zero after the members (padding rows)."""
     heads = states[0].cross_kt[layer].shape[1]
     out = np.zeros((rows, queries.shape[1]), np.float32)
+    members = len(states)
+    if handoff.usable(lanes) and _same_windows(states, layer, heads):
+        keys = [state.cross_kt[layer][0] for state in states]
+        values = [state.cross_v[layer][0] for state in states]
+        q = np.ascontiguousarray(queries[:members], dtype=np.float32)
+        if handoff.HELPERS.attention(q, keys, values, scale, out[:members], lanes):
+            return out
 
     def member(m: int) -> None:
         state = states[m]
@@ -643,6 +651,18 @@ def _step_cross_attention(
 
     parallel.run_pieces(member, range(len(states)), lanes)
     return out
+
+
+def _same_windows(states: Sequence[DecoderState], layer: int, heads: int) -> bool:
+    """Whether every member holds one non-empty window of the same shape at ``layer`` and
+    the (member, head) pieces fit one job (what the helpers' attention takes)."""
+    kt, v = states[0].cross_kt[layer].shape, states[0].cross_v[layer].shape
+    return (
+        kt[0] == 1
+        and kt[3] > 0
+        and len(states) * heads <= handoff.MAX_PIECES
+        and all(s.cross_kt[layer].shape == kt and s.cross_v[layer].shape == v for s in states)
+    )
 
 
 def _query_attention_rows(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends import kernels, panels, parallel
+from backends import handoff, kernels, panels, parallel
 
 
 def _in_order(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -77,6 +77,9 @@ def test_panel_ranges_compose_to_the_whole_product() -> None:
 def test_large_weights_are_split_over_the_lanes_with_the_same_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Without the spinning helpers (:mod:`backends.handoff`) the pieces go to the split's
+    thread pool: large weights by panels, many rows by rows, small weights not at all."""
+    monkeypatch.setattr(handoff, "ENABLED", False)
     rng = np.random.default_rng(3)
     p = panels.pack(rng.standard_normal((6000, 384)).astype(np.float32))  # 9.2 MB: 4 pieces
     x = rng.standard_normal((2, 384)).astype(np.float32)
@@ -100,6 +103,66 @@ def test_large_weights_are_split_over_the_lanes_with_the_same_values(
     by_rows = panels.linear(many, small, None, lanes=3)
     assert splits[1:] == [(3, 3)]
     assert by_rows.tobytes() == panels.linear(many, small, None, lanes=1).tobytes()
+
+
+def test_with_helpers_smaller_weights_are_split_with_the_same_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the spinning helpers a hand-over is cheap: weights from 256 KiB on are split by
+    panels (at most 16 pieces), a prompt's many rows of a small weight by rows; the
+    values are those of one lane, bit for bit."""
+    monkeypatch.setattr(handoff, "ENABLED", True)
+    rng = np.random.default_rng(6)
+    jobs: list[list[tuple[int, int, int, int]]] = []
+    product = handoff.HELPERS.product
+
+    def spy(*args: Any) -> bool:
+        jobs.append([tuple(int(v) for v in part) for part in args[4]])
+        return product(*args)
+
+    monkeypatch.setattr(handoff.HELPERS, "product", spy)
+    x = rng.standard_normal((2, 384)).astype(np.float32)
+    for out_features, pieces in ((384, 2), (1536, 9), (6000, 16), (100, 1)):
+        p = panels.pack(rng.standard_normal((out_features, 384)).astype(np.float32))
+        jobs.clear()
+        two = panels.linear(x, p, None, lanes=2)
+        assert [len(parts) for parts in jobs] == ([pieces] if pieces > 1 else [])
+        assert two.tobytes() == panels.linear(x, p, None, lanes=1).tobytes()
+        if jobs:
+            assert jobs[0][0][2] == 0 and jobs[0][-1][3] == p.panels.shape[0]
+    small = panels.pack(rng.standard_normal((100, 384)).astype(np.float32))
+    many = rng.standard_normal((37, 384)).astype(np.float32)
+    jobs.clear()
+    by_rows = panels.linear(many, small, None, lanes=3)
+    assert jobs == [[(0, 12, 0, 7), (12, 24, 0, 7), (24, 37, 0, 7)]]
+    assert by_rows.tobytes() == panels.linear(many, small, None, lanes=1).tobytes()
+    jobs.clear()
+    wide = panels.linear(many[:32], small, None, lanes=12)  # more lanes than groups of 4 rows
+    assert [len(parts) for parts in jobs] == [8]  # no empty group
+    assert wide.tobytes() == panels.linear(many[:32], small, None, lanes=1).tobytes()
+
+
+def test_a_caller_that_finds_the_helpers_busy_uses_the_pools_pieces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When another caller holds the helpers' board, the product goes to the thread pool
+    cut as the pool cuts it (a weight under 4 MiB: one call), with the same values."""
+    monkeypatch.setattr(handoff, "ENABLED", True)
+    rng = np.random.default_rng(7)
+    p = panels.pack(rng.standard_normal((1536, 384)).astype(np.float32))  # 2.4 MB
+    x = rng.standard_normal((2, 384)).astype(np.float32)
+    splits: list[int] = []
+    run = parallel.run_pieces
+
+    def spy(piece: Any, items: Any, lanes: int | None = None) -> None:
+        splits.append(len(items))
+        run(piece, items, lanes)
+
+    monkeypatch.setattr(parallel, "run_pieces", spy)
+    with handoff.HELPERS._holder:
+        busy = panels.linear(x, p, None, lanes=2)
+    assert splits == [1]
+    assert busy.tobytes() == panels.linear(x, p, None, lanes=1).tobytes()
 
 
 def test_rows_unpack_and_shapes() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends import panels, parallel
+from backends import handoff, panels, parallel
 from backends.numpy_backend import NumpyBackend
 from backends.panels import PackedWeight
 from backends.whisper import model
@@ -235,9 +235,14 @@ def test_windows_are_encoded_one_a_core_with_one_threads_values() -> None:
     assert pieces == [True] * 3  # the three windows are pieces of a split over 2 cores
 
 
-def test_a_steps_cross_attention_is_the_same_on_one_core_or_two() -> None:
-    """The members of a decoding step are pieces on the cores; which core takes a member
-    never changes its values (each reads only its own window's keys and values)."""
+@pytest.mark.parametrize("helpers", [True, False])
+def test_a_steps_cross_attention_is_the_same_on_one_core_or_two(
+    monkeypatch: pytest.MonkeyPatch, helpers: bool
+) -> None:
+    """The members (or, with the spinning helpers, each member's heads) of a decoding step
+    are pieces on the cores; which core takes a piece never changes its values (each reads
+    only its own window's keys and values)."""
+    monkeypatch.setattr(handoff, "ENABLED", helpers and handoff.ENABLED)
     rng = np.random.default_rng(2)
     heads, dim, frames, members = 6, 64, 1500, 3
 

@@ -1,0 +1,484 @@
+"""A decoding step's products and cross-attention split over cores by spinning helper threads.
+
+A Whisper decoding step of one request is about 25 products of 0.6-2.4 MB weights and
+four cross-attentions over 4.6 MB of keys and values, each a few tens to a few
+hundred microseconds, memory-bound: two cores read them faster than one (the layer
+products in 0.8-0.9 of the time, ``bench/handoff.py``). Handing a piece to a thread
+pool's worker costs 70-100 us on the development VM (a futex wake-up and the GIL),
+about what a piece saves, so the step used to run on one core beside an idle one.
+
+Here the hand-over is a word in shared memory. Helper threads wait in compiled code,
+without the GIL, spinning on a job board (:data:`BOARD_WORDS` int64); a caller (the
+*master*) writes a job, publishes it with one atomic store, and then takes pieces
+itself like any helper: each piece is claimed with a compare-and-swap on one word
+(the job's generation, its piece count and the next piece), so a helper that is late,
+or never scheduled, takes fewer pieces or none, and the master waits only for pieces a
+helper has claimed (what :meth:`backends.parallel.CoreShare.run` does with its queue,
+at about a microsecond instead of 70-100). A helper that is preempted in a piece it
+claimed holds the master up until it runs again (as a pool worker would). A job names
+its lanes: helpers ``0`` to ``lanes - 2`` take part, the others leave it alone. A
+helper that finds no new job for :data:`IDLE_CYCLES` (about a millisecond) goes back
+to sleep on its event, which the next master that needs it sets without waiting; woken,
+it joins that job if pieces are left, and the jobs after it.
+
+A piece computes what the kernels compute alone (:func:`backends.kernels.panel_rows`,
+:func:`backends.kernels.attend_head`), on whatever thread: results have the same bits
+on one core or several. Operands are checked before a job is published, and a piece
+neither allocates nor raises. One master at a time: a caller that finds the board in
+use gets False and runs its pieces another way.
+
+Only on x86-64 (the spin loop's ``pause``) and where the caller has more than one
+core (:data:`backends.parallel.SHARE`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+from numba.np.numpy_support import carray as _carray
+
+from backends import kernels
+
+BOARD_WORDS = 64
+WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN = 0, 8, 16, 24, 32, 33, 34, 56
+"""Board slots (int64): the claim word (generation << 32 | pieces << 16 | next piece) and
+the finished pieces' count each on its own cache line, the helpers awake, the stop flag,
+then the job: its kind, its piece count, its lanes (helpers ``0 .. lanes - 2`` take part)
+and its arguments (:data:`ARGS` on); from :data:`TAKEN` the pieces each helper took (all
+jobs)."""
+ARGS = 35
+PRODUCT, ATTENTION = 1, 2
+"""Job kinds: rows by a packed weight's panels, one-query attention heads."""
+
+IDLE_CYCLES = 1 << 22
+"""Cycles (``readcyclecounter``: about 1.4 ms at 3 GHz) a helper spins with no new job
+before it sleeps: longer than the host work between a step's products and between
+steps, short enough that a finished request leaves no core spinning."""
+
+MAX_HELPERS = 3
+"""Helper threads at most (a step's pieces are 0.6-80 MB of weights: four cores read
+them about as fast as more)."""
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _function(builder: Any, signature: Any, name: str) -> Any:
+    """The LLVM function ``name`` (an intrinsic) declared in the module being built."""
+    declare: Any = cgutils.get_or_insert_function
+    return declare(builder.module, signature, name)
+
+
+def _i64_pointer(builder: Any, address: Any) -> Any:
+    return builder.inttoptr(address, ir.IntType(64).as_pointer())
+
+
+def _load_typing(typingctx: Any, address: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.load_atomic(_i64_pointer(builder, args[0]), "seq_cst", 8)
+
+    return types.int64(types.int64), codegen
+
+
+def _store_typing(typingctx: Any, address: Any, value: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        builder.store_atomic(args[1], _i64_pointer(builder, args[0]), "seq_cst", 8)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64), codegen
+
+
+def _add_typing(typingctx: Any, address: Any, value: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.atomic_rmw("add", _i64_pointer(builder, args[0]), args[1], "seq_cst")
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+def _swap_typing(typingctx: Any, address: Any, expected: Any, value: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        pointer = _i64_pointer(builder, args[0])
+        pair = builder.cmpxchg(pointer, args[1], args[2], "seq_cst", "seq_cst")
+        return builder.zext(builder.extract_value(pair, 1), ir.IntType(64))
+
+    return types.int64(types.int64, types.int64, types.int64), codegen
+
+
+def _pause_typing(typingctx: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        if _X86:
+            pause = ir.FunctionType(ir.VoidType(), [])
+            builder.call(_function(builder, pause, "llvm.x86.sse2.pause"), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _cycles_typing(typingctx: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        counter = ir.FunctionType(ir.IntType(64), [])
+        return builder.call(_function(builder, counter, "llvm.readcyclecounter"), [])
+
+    return types.int64(), codegen
+
+
+def _pointer_typing(typingctx: Any, address: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+
+    pointer: Any = types.CPointer
+    return pointer(types.float32)(types.int64), codegen
+
+
+def _int_pointer_typing(typingctx: Any, address: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return _i64_pointer(builder, args[0])
+
+    pointer: Any = types.CPointer
+    return pointer(types.int64)(types.int64), codegen
+
+
+def _as_float_typing(typingctx: Any, bits: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+
+    return types.float32(types.int64), codegen
+
+
+def _intrinsic(typing: Callable[..., Any]) -> Callable[..., Any]:
+    return cast(Callable[..., Any], intrinsic(typing))
+
+
+_load, _store = _intrinsic(_load_typing), _intrinsic(_store_typing)
+_add, _swap = _intrinsic(_add_typing), _intrinsic(_swap_typing)
+_pause, _cycles = _intrinsic(_pause_typing), _intrinsic(_cycles_typing)
+_floats, _ints = _intrinsic(_pointer_typing), _intrinsic(_int_pointer_typing)
+_as_float = _intrinsic(_as_float_typing)
+
+_PIECES = (1 << 16) - 1
+_GENERATIONS = (1 << 31) - 1
+MAX_PIECES = _PIECES
+"""Pieces a job has at most (its count and next piece are 16 bits of the claim word)."""
+
+
+carray = cast(Callable[..., Any], _carray)  # numba's stub types its shape as 2-D
+
+
+@kernels.compiled
+def _address(array: Any) -> Any:  # pragma: no cover - compiled
+    """The address of an array's first element, as an int64."""
+    return np.int64(array.ctypes.data)
+
+
+@kernels.compiled
+def _slot(board: Any, index: Any) -> Any:  # pragma: no cover - compiled
+    """The address of the board's slot ``index``."""
+    return _address(board) + 8 * index
+
+
+@kernels.compiled
+def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
+    """Runs piece ``piece`` of the board's job. Nothing in it allocates or raises (the job's
+    operands were checked, its scratch is one of them): a helper always finishes a piece
+    it claimed."""
+    a = board[ARGS:]
+    if board[KIND] == PRODUCT:
+        rows, depth, count, cols = a[1], a[2], a[4], a[7]
+        x = carray(_floats(a[0]), (rows, depth))
+        panels = carray(_floats(a[3]), (count, depth, kernels.PANEL))
+        bias = carray(_floats(a[5]), (count * kernels.PANEL,))
+        out = carray(_floats(a[6]), (rows, cols))
+        part = carray(_ints(a[8]), (board[COUNT], 4))[piece]
+        r0, r1 = part[0], part[1]
+        kernels.panel_rows(x[r0:r1], panels, bias, out[r0:r1], part[2], part[3])
+    else:
+        members, heads, dim, keys = a[1], a[4], a[5], a[6]
+        m, h = piece // heads, piece % heads
+        q = carray(_floats(a[0]), (members, heads, dim))
+        kt = carray(_floats(carray(_ints(a[2]), (members,))[m]), (heads, dim, keys))
+        v = carray(_floats(carray(_ints(a[3]), (members,))[m]), (heads, keys, dim))
+        out = carray(_floats(a[8]), (members, heads, dim))
+        scratch = carray(_floats(a[9]), (members * heads, 2, keys))[piece]
+        kernels.attend_head(
+            q[m, h], kt[h], v[h], _as_float(a[7]), scratch[0], out[m, h], scratch[1]
+        )
+
+
+@kernels.compiled
+def _work(board: Any, generation: Any) -> Any:  # pragma: no cover - compiled
+    """Claims and runs pieces of the job ``generation`` until none is left (or the board holds
+    another job: then every piece of this one was claimed); returns how many it ran. The
+    claim word alone decides: its generation, its piece count and its next piece change
+    together (a job's other slots are read only after a claim succeeds)."""
+    word, done = _slot(board, WORD), _slot(board, DONE)
+    ran = 0
+    while True:
+        claim = _load(word)
+        if claim >> 32 != generation or claim & _PIECES >= (claim >> 16) & _PIECES:
+            return ran
+        if _swap(word, claim, claim + 1):
+            _piece(board, claim & _PIECES)
+            _add(done, 1)
+            ran += 1
+
+
+_BOARD = kernels.array_type(1, types.int64)
+
+
+@kernels.kernel(types.void(_BOARD, types.int64, types.int64), slp=True)
+def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - compiled
+    """Helper ``index``'s loop: the pieces of every job published while it runs whose lanes
+    include it, until ``idle`` cycles pass with no new job or the board's stop flag is set."""
+    awake = _slot(board, AWAKE)
+    _add(awake, 1)
+    seen = -1
+    last = _cycles()
+    while True:
+        generation = _load(_slot(board, WORD)) >> 32
+        if generation != seen:
+            if index < board[LANES] - 1:  # read after the word: this job's lanes
+                ran = _work(board, generation)
+                if ran:
+                    _add(_slot(board, TAKEN + index), ran)
+            seen = generation
+            last = _cycles()
+        elif _load(_slot(board, STOP)) != 0 or _cycles() - last > idle:
+            break
+        else:
+            _pause()
+    _add(awake, -1)
+
+
+@kernels.kernel(types.void(_BOARD), slp=True)
+def _master(board: Any) -> None:  # pragma: no cover - compiled
+    """Publishes the job written in the board's slots (:func:`_post_product`,
+    :func:`_post_attention`), takes pieces of it like a helper, and returns when every piece
+    is done. The claim word becomes (generation, count, 0) in one store: until then it says
+    the last job's pieces are all claimed, so no helper reads the slots being written."""
+    count = board[COUNT]
+    _store(_slot(board, DONE), 0)
+    generation = ((_load(_slot(board, WORD)) >> 32) + 1) & _GENERATIONS  # wraps, stays >= 0
+    _store(_slot(board, WORD), (generation << 32) | (count << 16))
+    _work(board, generation)
+    done = _slot(board, DONE)
+    while _load(done) < count:
+        _pause()
+
+
+_IN1, _IN2 = kernels.array_type(1, readonly=True), kernels.array_type(2, readonly=True)
+_I64 = types.int64
+_IN3, _OUT2 = kernels.array_type(3, readonly=True), kernels.array_type(2)
+_OUT3 = kernels.array_type(3)
+_PARTS = kernels.array_type(2, types.int64, readonly=True)
+_ADDRESSES = kernels.array_type(1, types.int64, readonly=True)
+
+
+@kernels.kernel(types.void(_BOARD, _IN2, _IN3, _IN1, _OUT2, _PARTS, _I64))
+def _post_product(
+    board: Any, x: Any, panels: Any, bias: Any, out: Any, parts: Any, lanes: Any
+) -> None:  # pragma: no cover - compiled
+    rows, depth = x.shape
+    count, cols = panels.shape[0], out.shape[1]
+    if (
+        panels.shape[1] != depth
+        or panels.shape[2] != kernels.PANEL
+        or bias.shape[0] != count * kernels.PANEL
+        or out.shape[0] != rows
+        or cols > count * kernels.PANEL
+        or cols <= (count - 1) * kernels.PANEL
+        or parts.shape[1] != 4
+        or parts.shape[0] > MAX_PIECES
+    ):
+        raise ValueError("product: x [M, K], panels [Q, K, 16], bias [Q * 16], out [M, n]")
+    for i in range(parts.shape[0]):
+        r0, r1, lo, hi = parts[i, 0], parts[i, 1], parts[i, 2], parts[i, 3]
+        if not (0 <= r0 < r1 <= rows and 0 <= lo < hi <= count):
+            raise ValueError("product: a part outside the rows or the panels")
+    a = board[ARGS:]
+    a[0], a[1], a[2] = _address(x), x.shape[0], x.shape[1]
+    a[3], a[4], a[5] = _address(panels), panels.shape[0], _address(bias)
+    a[6], a[7], a[8] = _address(out), out.shape[1], _address(parts)
+    board[KIND] = PRODUCT
+    board[COUNT] = parts.shape[0]
+    board[LANES] = lanes
+
+
+_ATTENTION = (_BOARD, _IN2, _ADDRESSES, _ADDRESSES, _I64, _I64, _I64, _I64, _OUT2, _OUT3, _I64)
+
+
+@kernels.kernel(types.void(*_ATTENTION))
+def _post_attention(
+    board: Any,
+    q: Any,
+    kts: Any,
+    vs: Any,
+    heads: Any,
+    dim: Any,
+    keys: Any,
+    scale: Any,
+    out: Any,
+    scratch: Any,
+    lanes: Any,
+) -> None:  # pragma: no cover - compiled
+    if q.shape[0] * heads > MAX_PIECES:
+        raise ValueError("attention: more pieces than a job can have")
+    if scratch.shape[0] != q.shape[0] * heads or scratch.shape[1] != 2 or scratch.shape[2] != keys:
+        raise ValueError("attention: scratch [members * heads, 2, T]")
+    a = board[ARGS:]
+    a[0], a[1], a[2], a[3] = _address(q), q.shape[0], _address(kts), _address(vs)
+    a[4], a[5], a[6], a[7], a[8] = heads, dim, keys, scale, _address(out)
+    a[9] = _address(scratch)
+    board[KIND] = ATTENTION
+    board[COUNT] = q.shape[0] * heads
+    board[LANES] = lanes
+
+
+class Helpers:
+    """The helper threads and their board (one per process: :data:`HELPERS`)."""
+
+    def __init__(self, idle_cycles: int = IDLE_CYCLES) -> None:
+        self._board = np.zeros(BOARD_WORDS, np.int64)
+        self._idle = idle_cycles
+        self._holder = threading.Lock()  # the caller whose job is on the board
+        self._lock = threading.Lock()
+        self._wakes: list[threading.Event] = []  # one a helper
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._wakeups = 0
+
+    @property
+    def awake(self) -> int:
+        """Helpers spinning on the board now."""
+        return int(self._board[AWAKE])
+
+    @property
+    def taken(self) -> list[int]:
+        """Pieces each helper has run (every job so far)."""
+        return [int(n) for n in self._board[TAKEN : TAKEN + MAX_HELPERS]]
+
+    @property
+    def wakeups(self) -> int:
+        """Times a helper began spinning (started, or woken after sleeping)."""
+        return self._wakeups
+
+    @property
+    def started(self) -> int:
+        """Helper threads started (each spinning or asleep)."""
+        return len(self._threads)
+
+    def product(
+        self, x: np.ndarray, panels: np.ndarray, bias: np.ndarray, out: np.ndarray,
+        parts: np.ndarray, lanes: int,
+    ) -> bool:  # fmt: skip
+        """:func:`backends.kernels.panel_rows` over ``parts`` (rows of (first row, end row, first
+        panel, end panel), int64) on up to ``lanes`` cores; False (nothing done) when another
+        caller holds the board. The caller checked the shapes (:func:`backends.panels.linear`)."""
+        return self._run(
+            lanes, lambda board: _post_product(board, x, panels, bias, out, parts, lanes)
+        )
+
+    def attention(
+        self, q: np.ndarray, keys: Sequence[np.ndarray], values: Sequence[np.ndarray],
+        scale: float, out: np.ndarray, lanes: int,
+    ) -> bool:  # fmt: skip
+        """Member ``m``'s query row ``q[m]`` (``[heads * dim]``) over its window ``keys[m]``
+        ``[heads, dim, T]`` and ``values[m]`` ``[heads, T, dim]`` into ``out[m]``, one piece a
+        (member, head), as :func:`backends.kernels.query_attention`; False when another
+        caller holds the board. Every window float32, C-contiguous, of the same shape."""
+        heads, dim, length = keys[0].shape
+        for kt, v in zip(keys, values, strict=True):
+            if kt.shape != (heads, dim, length) or v.shape != (heads, length, dim):
+                raise ValueError("attention: windows of different shapes")
+            if not (_fits(kt) and _fits(v)):
+                raise ValueError("attention: windows must be C-contiguous float32")
+        if q.shape != (len(keys), heads * dim) or out.shape != q.shape or length == 0:
+            raise ValueError("attention: q and out [members, heads * dim], windows not empty")
+        kts = np.array([kt.ctypes.data for kt in keys], np.int64)
+        vs = np.array([v.ctypes.data for v in values], np.int64)
+        bits = int(np.float32(scale).view(np.int32))
+
+        scratch = np.empty((len(keys) * heads, 2, length), np.float32)
+
+        def post(board: np.ndarray) -> None:
+            _post_attention(board, q, kts, vs, heads, dim, length, bits, out, scratch, lanes)
+
+        return self._run(lanes, post)
+
+    def _run(self, lanes: int, post: Callable[[np.ndarray], None]) -> bool:
+        """Writes a job on the board with ``post`` and runs it with the helpers; False when
+        another caller holds the board."""
+        if not self._holder.acquire(blocking=False):
+            return False
+        try:
+            helpers = self._start(min(lanes - 1, MAX_HELPERS))
+            if self.awake < helpers:
+                for wake in self._wakes[:helpers]:
+                    wake.set()
+            post(self._board)  # checks and writes the job (or raises: nothing published)
+            _master(self._board)
+            return True
+        finally:
+            self._holder.release()
+
+    def _start(self, helpers: int) -> int:
+        """Starts helpers up to ``helpers``; returns how many there are for this job."""
+        with self._lock:
+            while len(self._threads) < helpers and not self._closed:
+                index = len(self._threads)
+                self._wakes.append(threading.Event())
+                thread = threading.Thread(
+                    target=self._loop, args=(index,), name=f"voxpool-handoff-{index}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+            return min(helpers, len(self._threads))
+
+    def _loop(self, index: int) -> None:
+        wake = self._wakes[index]
+        while True:
+            wake.wait()
+            if self._closed:
+                return
+            wake.clear()
+            with self._lock:
+                self._wakeups += 1
+            _serve(self._board, self._idle, index)
+
+    def close(self) -> None:
+        """Stops the helpers and waits for them (a later job runs on its master alone)."""
+        with self._lock:
+            self._closed = True
+            threads, self._threads = self._threads, []
+        self._board[STOP] = 1
+        for wake in self._wakes:
+            wake.set()
+        for thread in threads:
+            thread.join()
+
+
+ENABLED = _X86 and os.environ.get("VOXPOOL_HANDOFF", "1") != "0"
+"""Whether splits go to the helpers: on x86-64 unless the environment sets
+``VOXPOOL_HANDOFF=0`` (a host where a core spinning for a millisecond after a decoding
+step is unwelcome: the splits then go to :mod:`backends.parallel`'s thread pool)."""
+
+
+def usable(lanes: int) -> bool:
+    """Whether a split for ``lanes`` cores goes to the helpers."""
+    return ENABLED and lanes > 1
+
+
+def _fits(a: np.ndarray) -> bool:
+    return a.dtype == np.float32 and bool(a.flags.c_contiguous)
+
+
+HELPERS = Helpers()
+"""The process's helpers."""
+atexit.register(HELPERS.close)
