@@ -51,7 +51,8 @@ from backends import kernels
 BOARD_WORDS = 64
 WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN = 0, 8, 16, 24, 32, 33, 34, 56
 """Board slots (int64): the claim word (generation << 32 | pieces << 16 | next piece) and
-the finished pieces' count each on its own cache line, the helpers awake, the stop flag,
+the finished pieces' count each on its own cache line, from :data:`AWAKE` one flag a
+helper (1 while it spins), the stop flag,
 then the job: its kind, its piece count, its lanes (helpers ``0 .. lanes - 2`` take part)
 and its arguments (:data:`ARGS` on); from :data:`TAKEN` the pieces each helper took (all
 jobs)."""
@@ -237,8 +238,8 @@ _BOARD = kernels.array_type(1, types.int64)
 def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - compiled
     """Helper ``index``'s loop: the pieces of every job published while it runs whose lanes
     include it, until ``idle`` cycles pass with no new job or the board's stop flag is set."""
-    awake = _slot(board, AWAKE)
-    _add(awake, 1)
+    awake = _slot(board, AWAKE + index)
+    _store(awake, 1)
     seen = -1
     last = _cycles()
     while True:
@@ -254,7 +255,7 @@ def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - com
             break
         else:
             _pause()
-    _add(awake, -1)
+    _store(awake, 0)
 
 
 @kernels.kernel(types.void(_BOARD), slp=True)
@@ -357,7 +358,7 @@ class Helpers:
     @property
     def awake(self) -> int:
         """Helpers spinning on the board now."""
-        return int(self._board[AWAKE])
+        return int(self._board[AWAKE : AWAKE + MAX_HELPERS].sum())
 
     @property
     def taken(self) -> list[int]:
@@ -419,9 +420,9 @@ class Helpers:
             return False
         try:
             helpers = self._start(min(lanes - 1, MAX_HELPERS))
-            if self.awake < helpers:
-                for wake in self._wakes[:helpers]:
-                    wake.set()
+            for index in range(helpers):  # this job's helpers that sleep: woken, not waited for
+                if not self._board[AWAKE + index]:
+                    self._wakes[index].set()
             post(self._board)  # checks and writes the job (or raises: nothing published)
             _master(self._board)
             return True
