@@ -147,13 +147,6 @@ def _int_pointer_typing(typingctx: Any, address: Any) -> Any:
     return pointer(types.int64)(types.int64), codegen
 
 
-def _as_float_typing(typingctx: Any, bits: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
-
-    return types.float32(types.int64), codegen
-
-
 def _intrinsic(typing: Callable[..., Any]) -> Callable[..., Any]:
     return cast(Callable[..., Any], intrinsic(typing))
 
@@ -162,7 +155,6 @@ _load, _store = _intrinsic(_load_typing), _intrinsic(_store_typing)
 _add, _swap = _intrinsic(_add_typing), _intrinsic(_swap_typing)
 _pause, _cycles = _intrinsic(_pause_typing), _intrinsic(_cycles_typing)
 _floats, _ints = _intrinsic(_pointer_typing), _intrinsic(_int_pointer_typing)
-_as_float = _intrinsic(_as_float_typing)
 
 _PIECES = (1 << 16) - 1
 _GENERATIONS = (1 << 31) - 1
@@ -208,9 +200,8 @@ def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
         v = carray(_floats(carray(_ints(a[3]), (members,))[m]), (heads, keys, dim))
         out = carray(_floats(a[8]), (members, heads, dim))
         scratch = carray(_floats(a[9]), (members * heads, 2, keys))[piece]
-        kernels.attend_head(
-            q[m, h], kt[h], v[h], _as_float(a[7]), scratch[0], out[m, h], scratch[1]
-        )
+        scale = kernels.float_bits(np.int32(a[7]))
+        kernels.attend_head(q[m, h], kt[h], v[h], scale, scratch[0], out[m, h], scratch[1])
 
 
 @kernels.compiled

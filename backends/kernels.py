@@ -137,7 +137,7 @@ def _float_bits_typing(typingctx: Any, bits: Any) -> Any:
     return signature, codegen
 
 
-_float_bits = cast(Callable[[Any], Any], intrinsic(_float_bits_typing))
+float_bits = cast(Callable[[Any], Any], intrinsic(_float_bits_typing))
 """The float32 whose bit pattern is an int32 (a bitcast: no conversion)."""
 
 
@@ -172,7 +172,7 @@ def _exp_le0(x: Any) -> Any:  # pragma: no cover - compiled
     r = c - k * _LN2_HI - k * _LN2_LO
     p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
     p = p * r * r + r + _ONE
-    e = p * _float_bits(np.int32((np.int32(k) + 127) << 23))
+    e = p * float_bits(np.int32((np.int32(k) + 127) << 23))
     if x >= _EXP_LOW:
         return e
     return x if x != x else np.float32(0.0)  # NaN stays NaN (and spreads through the sum)

@@ -19,6 +19,7 @@ its hand-over.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import attrs
@@ -107,39 +108,42 @@ def linear(
     if x.shape[0] == 0:
         return out
     cores = parallel.SHARE.share() if lanes is None else lanes
-    parts = _parts(x.shape[0], p, cores, handoff.usable(cores))
+    helpers = handoff.usable(cores)
+    parts = _parts(x.shape[0], p.panels.shape[0], p.panels.nbytes, cores, helpers)
 
-    def piece(part: tuple[int, int, int, int]) -> None:
-        r0, r1, lo, hi = part
+    def piece(part: np.ndarray) -> None:
+        r0, r1, lo, hi = part.tolist()
         kernels.panel_product(x[r0:r1], p.panels, b, out[r0:r1], lo, hi)
 
     if len(parts) == 1:
-        piece(parts[0])
-    elif not (
-        handoff.usable(cores)
-        and handoff.HELPERS.product(x, p.panels, b, out, np.array(parts, np.int64), cores)
-    ):  # the thread pool's pieces (another caller holds the helpers: cut for the pool)
-        parallel.run_pieces(piece, _parts(x.shape[0], p, cores), lanes=cores)
+        kernels.panel_product(x, p.panels, b, out, 0, p.panels.shape[0])
+    elif not (helpers and handoff.HELPERS.product(x, p.panels, b, out, parts, cores)):
+        # the thread pool's pieces (another caller holds the helpers: cut for the pool)
+        pool = _parts(x.shape[0], p.panels.shape[0], p.panels.nbytes, cores, False)
+        parallel.run_pieces(piece, list(pool), lanes=cores)
     return out
 
 
-def _parts(
-    rows: int, p: PackedWeight, cores: int, helpers: bool = False
-) -> list[tuple[int, int, int, int]]:
-    """How a product of ``rows`` rows by ``p`` is cut for ``cores`` cores, as (first row, end
-    row, first panel, end panel): by panels when the weight is large (:data:`PIECE_BYTES`,
-    :data:`HANDOFF_PIECE_BYTES` for ``helpers``), by groups of rows (multiples of four) when
-    it is small but has many rows (:data:`SPLIT_ROWS`), else one part."""
-    count = p.panels.shape[0]
-    piece_bytes = HANDOFF_PIECE_BYTES if helpers else PIECE_BYTES
-    pieces = min(MAX_PIECES, p.panels.nbytes // piece_bytes, count)
+@functools.lru_cache(maxsize=1024)
+def _parts(rows: int, count: int, size: int, cores: int, helpers: bool) -> np.ndarray:
+    """How a product of ``rows`` rows by a weight of ``count`` panels (``size`` bytes) is cut
+    for ``cores`` cores, as rows of (first row, end row, first panel, end panel), int64,
+    read-only (the same cut every step: computed once): by panels when the weight is large
+    (:data:`PIECE_BYTES`, :data:`HANDOFF_PIECE_BYTES` for ``helpers``), by groups of rows
+    (multiples of four) when it is small but has many rows (:data:`SPLIT_ROWS`), else one
+    part."""
+    pieces = min(MAX_PIECES, size // (HANDOFF_PIECE_BYTES if helpers else PIECE_BYTES), count)
     if cores > 1 and pieces > 1:
         bounds = [count * i // pieces for i in range(pieces + 1)]
-        return [(0, rows, lo, hi) for lo, hi in itertools.pairwise(bounds)]
-    if cores > 1 and rows >= SPLIT_ROWS:
+        cut = [(0, rows, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+    elif cores > 1 and rows >= SPLIT_ROWS:
         groups = sorted({4 * (-(-rows // 4) * i // cores) for i in range(cores)} | {rows})
-        return [(r0, r1, 0, count) for r0, r1 in itertools.pairwise(groups)]  # none empty
-    return [(0, rows, 0, count)]
+        cut = [(r0, r1, 0, count) for r0, r1 in itertools.pairwise(groups)]  # none empty
+    else:
+        cut = [(0, rows, 0, count)]
+    parts = np.array(cut, np.int64)
+    parts.flags.writeable = False
+    return parts
 
 
 def _padded_bias(bias: np.ndarray, p: PackedWeight) -> np.ndarray:

@@ -90,25 +90,23 @@ def _requests(repeats: int) -> None:
     """Whole transcriptions with the helpers and without, alternating, on 2 BLAS threads."""
     from backends.whisper import WhisperRequest, load_factory
     from bench.common import blas_threads
-    from bench.model_whisper import _fixtures, _use_repo_root
+    from bench.model_whisper import _fixtures, _interleaved, _use_repo_root
 
     _use_repo_root()
     print("\n| input | helpers ms | pool ms | ratio |\n|---|---:|---:|---:|")
     with blas_threads(2):
         session = load_factory().create()
         for name, audio in _fixtures():
-            times: dict[bool, list[float]] = {True: [], False: []}
             texts: dict[bool, str] = {}
-            for _ in range(repeats + 1):  # the first round warms up, untimed
-                for flag in (True, False):
-                    handoff.ENABLED = flag
-                    time.sleep(0.1)
-                    t0 = time.perf_counter()
-                    texts[flag] = session.run(WhisperRequest(audio)).text
-                    times[flag].append(time.perf_counter() - t0)
+
+            def run(flag: bool, audio: np.ndarray = audio, texts: dict[bool, str] = texts) -> None:
+                handoff.ENABLED = flag
+                texts[flag] = session.run(WhisperRequest(audio)).text
+
+            medians = _interleaved({"on": lambda: run(True), "off": lambda: run(False)}, repeats)
             if texts[True] != texts[False]:
                 raise SystemExit(f"{name}: the helpers' text differs from the pool's")
-            on, off = (statistics.median(times[f][1:]) * 1e3 for f in (True, False))
+            on, off = medians["on"][0] * 1e3, medians["off"][0] * 1e3
             print(f"| {name} | {on:.1f} | {off:.1f} | {on / off:.2f} |")
 
 
