@@ -462,6 +462,36 @@ def panel_product(
     panel_rows(x, panels, bias, out, lo, hi)
 
 
+@kernel(types.void(_IN2, types.int64, _OUT2, types.int64, types.int64, types.int64))
+def interleave_phases(
+    phases: Any, n: Any, out: Any, shift: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """``out[c, shift + f * u + s] = phases[c * u + s, f]`` for the ``n`` first columns ``f`` of
+    ``phases [C * u, *]`` (``u = phases.shape[0] // out.shape[0]``), only where that column
+    of ``out [C, *]`` is in ``[lo, hi)``: a transposed conv's phase rows (one GEMM row per
+    output channel and sample within a frame) as its samples, cropped."""
+    channels = out.shape[0]
+    if channels == 0:
+        return
+    u = phases.shape[0] // channels
+    if (
+        phases.shape[0] != u * channels
+        or n < 0
+        or n > phases.shape[1]
+        or lo < 0
+        or hi > out.shape[1]
+    ):
+        raise ValueError("interleave_phases: phases [C * u, >= n], out [C, >= hi], 0 <= lo")
+    for c in range(channels):
+        dst = out[c]
+        for s in range(u):
+            src = phases[c * u + s]
+            f0 = max(0, -((shift + s - lo) // u))  # first f with shift + f u + s >= lo
+            f1 = min(n, -((shift + s - hi) // u))  # first f with shift + f u + s >= hi
+            for f in range(f0, f1):
+                dst[shift + f * u + s] = src[f]
+
+
 def _first_calls() -> None:
     """Each kernel called once on a tiny input when the module is imported: numba's first
     call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
@@ -485,6 +515,7 @@ def _first_calls() -> None:
     query_attention(rows, keys, keys.reshape(1, 1, 8), np.float32(1), sums, np.zeros_like(rows))
     panels, bias = np.zeros((1, 8, PANEL), np.float32), np.zeros(PANEL, np.float32)
     panel_product(rows, panels, bias, np.zeros((1, PANEL), np.float32), 0, 1)
+    interleave_phases(rows, 1, np.zeros((1, 8), np.float32), 0, 0, 1)
 
 
 _first_calls()

@@ -169,7 +169,7 @@ class _CouplingTiles:
                 pad = cw_in.padding
                 xi = x_in[:, pad : w - pad]
                 xi[...] = cw_in.bias
-                blas.conv_taps(xi, cw_in.taps, x[:, :w], 0, cw_in.dilation)
+                host.add_conv(xi, cw_in, x[:, :w], 0)
                 _gate(xi[:c], xi[c:])
                 r = rs[: cw_rs.c_out, pad : w - pad]
                 _pointwise(cw_rs, xi[:c], r)

@@ -37,10 +37,10 @@ import attrs
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from backends import parallel
+from backends import kernels, parallel
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
-from backends.piper import blas
+from backends.piper import blas, winograd
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
@@ -76,6 +76,9 @@ class ConvWeights:
     taps: np.ndarray
     bias: np.ndarray
     dilation: int
+    winograd: winograd.Filters | None = None
+    """The taps transformed for Winograd's minimal filtering, where it applies
+    (:func:`backends.piper.winograd.prepare`): :func:`add_conv` then uses them."""
 
     @property
     def kernel(self) -> int:
@@ -103,7 +106,24 @@ def prepare(w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> ConvWeigh
     c_out = w.shape[0]
     bias = np.zeros(c_out, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1)
     taps = np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 0, 1))
-    return ConvWeights(taps, np.ascontiguousarray(bias.reshape(c_out, 1)), dilation)
+    bias2 = np.ascontiguousarray(bias.reshape(c_out, 1))
+    return ConvWeights(taps, bias2, dilation, winograd.prepare(taps, dilation))
+
+
+USE_WINOGRAD = True
+"""Run the convs that have :attr:`ConvWeights.winograd` filters through them (False: their
+per-tap GEMMs; for comparisons)."""
+
+
+def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int) -> None:
+    """``out += conv(src)`` without bias over ``out``'s ``n`` columns, the conv's window on
+    ``src`` starting at column ``start`` (``n + dilation * (K - 1)`` columns): Winograd's
+    products where the conv has them (:mod:`backends.piper.winograd`), else one GEMM per
+    tap (:func:`blas.conv_taps`)."""
+    if cw.winograd is not None and USE_WINOGRAD:
+        winograd.conv_add(out, cw.winograd, src, start)
+    else:
+        blas.conv_taps(out, cw.taps, src, start, cw.dilation)
 
 
 def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
@@ -207,7 +227,7 @@ def conv_same(
                 o += cw.bias
             else:
                 o[...] = cw.bias
-            blas.conv_taps(o, cw.taps, a, 0, cw.dilation)
+            add_conv(o, cw, a, 0)
             if s is not None:
                 o *= s
             if post_slope is not None:
@@ -312,10 +332,7 @@ def _resblock_tiles(
             yj = y[:, : e1 - e0]
             v0, v1 = max(e0, 0), min(e1, t)  # those inside [0, T)
             np.add(x[:, v0:v1], cw1.bias, out=yj[:, v0 - e0 : v1 - e0])
-            blas.conv_taps(
-                yj[:, v0 - e0 : v1 - e0], cw1.taps, xa, v0 - cw1.padding - (t0 - halo),
-                cw1.dilation,
-            )  # fmt: skip
+            add_conv(yj[:, v0 - e0 : v1 - e0], cw1, xa, v0 - cw1.padding - (t0 - halo))
             zero_outside(yj, e0, t, gaps)
             yc = yj[:, p2 : p2 + n]
             if j == 0:
@@ -324,7 +341,7 @@ def _resblock_tiles(
                 o += yc
             a = ya[:, : e1 - e0]
             leaky_into(yj, slope, a)
-            blas.conv_taps(o, cw2.taps, a, 0, cw2.dilation)
+            add_conv(o, cw2, a, 0)
         o *= scale
         np.maximum(o, np.multiply(o, np.float32(post_slope), out=ya[:, :n]), out=o)
 
@@ -524,7 +541,7 @@ FRAMES_BYTES = 1 << 21
 """Bytes of one tile's transposed-conv product (:func:`conv_transpose`)."""
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, slots=False)
 class UpWeights:
     """A ConvTranspose1d prepared for :func:`conv_transpose`: rows (out channel, tap, phase)."""
 
@@ -536,6 +553,27 @@ class UpWeights:
     @property
     def c_out(self) -> int:
         return int(self.bias.shape[0])
+
+    @property
+    def taps(self) -> int:
+        """Input frames each output frame reads (``K / stride``)."""
+        return int(self.matrix.shape[0]) // (self.c_out * self.stride)
+
+    @functools.cached_property
+    def phase_taps(self) -> np.ndarray:
+        """``[taps, C_out * stride, C_in]``: tap ``j``'s rows (out channel, phase) for the input
+        frame ``taps - 1 - j`` frames back (:func:`blas.conv_taps`'s order)."""
+        c_in, k = self.matrix.shape[1], self.taps
+        by_tap = self.matrix.reshape(self.c_out, k, self.stride, c_in)
+        rows = self.c_out * self.stride
+        return np.ascontiguousarray(
+            np.stack([by_tap[:, k - 1 - j].reshape(rows, c_in) for j in range(k)])
+        )
+
+    @functools.cached_property
+    def phase_bias(self) -> np.ndarray:
+        """``[C_out * stride, 1]``: each row's channel bias."""
+        return np.repeat(self.bias, self.stride, axis=0)
 
 
 def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWeights:
@@ -551,17 +589,58 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     """ConvTranspose1d (dilation 1, no output padding) of ``x [C_in, T]``, polyphase, in tiles.
 
     Output frame ``f`` (``stride`` samples) is the sum over taps ``m`` of input frame
-    ``f - m``'s product rows for that tap; per tile of frames one GEMM gives every row
-    of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
-    into frame-major order while the product is in cache, and the cropped samples
-    (``padding`` at both ends) are written with the bias added. ``gaps`` are zeroed
-    in ``x`` first (:func:`zero_gaps`). Runs of tiles go to the caller's cores
-    (:func:`split`).
+    ``f - m``'s product rows for that tap. With numpy's BLAS at hand, per tile of frames
+    the rows (out channel, phase) of every frame are a conv over the input frames, its
+    taps' GEMMs adding into a tile filled with the bias (:func:`blas.conv_taps`), and the
+    phase rows are then written as samples, cropped (``padding`` at both ends), in one
+    compiled pass (:func:`backends.kernels.interleave_phases`). Elsewhere one GEMM gives
+    every row of the tile's inputs and the taps are summed in frame-major order
+    (:func:`_conv_transpose_matrix`). ``gaps`` are zeroed in ``x`` first
+    (:func:`zero_gaps`). Runs of tiles go to the caller's cores (:func:`split`).
     """
     zero_gaps(x, gaps)
+    if not use_taps():
+        return _conv_transpose_matrix(x, uw)
     c_in, t = x.shape
-    u, pad, c_out = uw.stride, uw.padding, uw.c_out
-    taps = uw.matrix.shape[0] // (c_out * u)
+    u, pad, taps = uw.stride, uw.padding, uw.taps
+    weights, bias = uw.phase_taps, uw.phase_bias
+    rows = weights.shape[1]
+    t_out = (t - 1) * u - 2 * pad + taps * u
+    frames = t + taps - 1
+    out = np.empty((uw.c_out, t_out), np.float32)
+    per = max(16, TAPS_TILE // rows)
+    if parallel.SHARE.share() > 1:  # several cores: SPLIT_TILES tiles at least, as convs
+        per = max(16, min(per, -(-frames // SPLIT_TILES)))
+
+    def piece(run: Iterator[int]) -> None:
+        y = np.empty((rows, per), np.float32)
+        edge = np.empty((c_in, per + taps - 1), np.float32)
+        for f0 in run:
+            f1 = min(frames, f0 + per)
+            n, first = f1 - f0, f0 - taps + 1  # frames, and the input frame of tap 0's column 0
+            if first >= 0 and f1 <= t:
+                src = x[:, first:f1]
+            else:  # a tile at either end: the frames outside the input are zeros
+                src = edge[:, : n + taps - 1]
+                take_columns(x, first, src)
+            yv = y[:, :n]
+            yv[...] = bias
+            blas.conv_taps(yv, weights, src, 0, 1)
+            lo, hi = max(0, f0 * u - pad), min(t_out, f1 * u - pad)
+            if hi > lo:
+                kernels.interleave_phases(y, n, out, f0 * u - pad, lo, hi)
+
+    split(piece, range(0, frames, per))
+    return out
+
+
+def _conv_transpose_matrix(x: np.ndarray, uw: UpWeights) -> np.ndarray:
+    """:func:`conv_transpose` without numpy's BLAS: per tile of frames one GEMM gives every
+    row of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
+    into frame-major order while the product is in cache, and the cropped samples are
+    written with the bias added."""
+    c_in, t = x.shape
+    u, pad, c_out, taps = uw.stride, uw.padding, uw.c_out, uw.taps
     t_out = (t - 1) * u - 2 * pad + taps * u
     frames = t + taps - 1
     out = np.empty((c_out, t_out), np.float32)

@@ -203,3 +203,44 @@ def test_a_gelu_that_differs_from_the_formula_is_not_kept(monkeypatch: pytest.Mo
     monkeypatch.setattr(erf, "gelu", lambda xp, x: x)
     with pytest.raises(RuntimeError, match="differs"):
         kernels._first_calls()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    channels=st.integers(1, 4),
+    u=st.integers(1, 9),
+    n=st.integers(0, 12),
+    shift=st.integers(-20, 10),
+    lo=st.integers(0, 30),
+    width=st.integers(0, 30),
+)
+def test_interleave_phases_writes_each_phase_row_as_samples_in_its_window(
+    channels: int, u: int, n: int, shift: int, lo: int, width: int
+) -> None:
+    """out[c, shift + f u + s] = phases[c u + s, f] for f < n, only at columns in [lo, hi)."""
+    rng = np.random.default_rng(channels * 100 + u)
+    phases = rng.standard_normal((channels * u, n + 3), dtype=np.float32)
+    hi = min(lo + width, 40)
+    lo = min(lo, hi)
+    out = np.full((channels, 40), np.nan, np.float32)
+    kernels.interleave_phases(phases, n, out, shift, lo, hi)
+    want = np.full_like(out, np.nan)
+    for c in range(channels):
+        for f in range(n):
+            for s in range(u):
+                col = shift + f * u + s
+                if lo <= col < hi:
+                    want[c, col] = phases[c * u + s, f]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_interleave_phases_refuses_what_it_would_read_or_write_out_of_bounds() -> None:
+    out = np.zeros((2, 10), np.float32)
+    with pytest.raises(ValueError, match="interleave_phases"):
+        kernels.interleave_phases(np.zeros((5, 4), np.float32), 4, out, 0, 0, 10)  # 5 rows, 2 ch
+    with pytest.raises(ValueError, match="interleave_phases"):
+        kernels.interleave_phases(np.zeros((4, 4), np.float32), 5, out, 0, 0, 10)  # n > columns
+    with pytest.raises(ValueError, match="interleave_phases"):
+        kernels.interleave_phases(np.zeros((4, 4), np.float32), 4, out, 0, 0, 11)  # hi > width
+    with pytest.raises(ValueError, match="interleave_phases"):
+        kernels.interleave_phases(np.zeros((4, 4), np.float32), 4, out, 0, -1, 5)

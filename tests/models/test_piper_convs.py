@@ -169,21 +169,26 @@ def test_leaky_relu_keeps_its_definition() -> None:
 
 
 def _use_path(path: str, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run host's convs as per-tap GEMMs or im2col GEMMs, in many small tiles or one."""
-    from backends.piper import blas, host
+    """Run host's convs as per-tap GEMMs, with Winograd's products for every undilated conv
+    of 3, 5 or 7 taps whatever its channels (convs prepared after this call), or as
+    im2col GEMMs; in many small tiles or one."""
+    from backends.piper import blas, host, winograd
 
-    if path == "taps" and not blas.available():
+    if path != "im2col" and not blas.available():
         pytest.skip("numpy's BLAS (scipy-openblas) not found: only the im2col path runs")
-    monkeypatch.setattr(host, "USE_TAPS", path == "taps")
+    monkeypatch.setattr(host, "USE_TAPS", path != "im2col")
+    monkeypatch.setattr(winograd, "MIN_CHANNELS_PRODUCT", 1 if path == "winograd" else 1 << 62)
     # many tiles (halos at both ends), or one
     monkeypatch.setattr(host, "TILE_BYTES", 1024 if small else 1 << 22)
     monkeypatch.setattr(host, "TAPS_TILE", 256 if small else 1 << 22)
     monkeypatch.setattr(host, "MIN_TILE", 64 if small else 256)
 
 
-@pytest.mark.parametrize("path", ["taps", "im2col"])
+@pytest.mark.parametrize("path", ["taps", "winograd", "im2col"])
 @pytest.mark.parametrize("small", [True, False])
-@pytest.mark.parametrize(("c_in", "c_out", "k", "d", "t"), [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300)])
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "k", "d", "t"), [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300), (5, 6, 5, 1, 77)]
+)
 def test_piper_fused_conv_matches_the_backend_ops(
     path: str,
     small: bool,
@@ -203,6 +208,7 @@ def test_piper_fused_conv_matches_the_backend_ops(
     w = rng.standard_normal((c_out, c_in, k), dtype=np.float32) * 0.3
     b = rng.standard_normal(c_out, dtype=np.float32)
     cw = host.prepare(w, b, d)
+    assert (cw.winograd is not None) == (path == "winograd" and d == 1)
     pad = d * (k - 1) // 2
     conv = BE.conv1d(BE.leaky_relu(x[None], 0.1), w, b, 1, pad, d)[0]
     out = np.empty((c_out, t), np.float32)
@@ -230,7 +236,7 @@ def _outside(gaps: list[tuple[int, int]], t: int) -> np.ndarray:
     return keep
 
 
-@pytest.mark.parametrize("path", ["taps", "im2col"])
+@pytest.mark.parametrize("path", ["taps", "winograd", "im2col"])
 @pytest.mark.parametrize("small", [True, False])
 def test_piper_depth_first_resblocks_match_conv_by_conv(
     path: str, small: bool, monkeypatch: pytest.MonkeyPatch
@@ -314,12 +320,14 @@ def test_conv_taps_refuses_operands_it_would_read_or_write_out_of_bounds() -> No
         blas.conv_taps(buf[:2, 60:100], taps, buf[:, :50], 0, 1)
 
 
+@pytest.mark.parametrize("path", ["taps", "matrix"])
 @pytest.mark.parametrize("frames_bytes", [64, 1 << 21])
 @pytest.mark.parametrize(
     ("c_in", "c_out", "k", "s", "p", "t"),
     [(16, 8, 16, 8, 4, 37), (8, 4, 8, 4, 2, 50), (5, 3, 6, 3, 1, 20), (4, 2, 8, 2, 5, 9)],
 )
 def test_piper_polyphase_transposed_conv_matches_its_definition(
+    path: str,
     frames_bytes: int,
     c_in: int,
     c_out: int,
@@ -329,11 +337,16 @@ def test_piper_polyphase_transposed_conv_matches_its_definition(
     t: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """host.conv_transpose (tiles of frames, phases written as strided views, the cropped
-    samples at both ends left out) = ConvTranspose1d, gaps zeroed in the input first."""
-    from backends.piper import host
+    """host.conv_transpose (tiles of frames: per-tap GEMMs of phase rows then the samples
+    interleaved, or one GEMM a tile and the taps summed frame-major; the cropped samples at
+    both ends left out) = ConvTranspose1d, gaps zeroed in the input first."""
+    from backends.piper import blas, host
 
+    if path == "taps" and not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found: only the matrix path runs")
+    monkeypatch.setattr(host, "USE_TAPS", path == "taps")
     monkeypatch.setattr(host, "FRAMES_BYTES", frames_bytes)  # one frame tile each, or one
+    monkeypatch.setattr(host, "TAPS_TILE", frames_bytes)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((c_in, t), dtype=np.float32)
     w = rng.standard_normal((c_in, c_out, k), dtype=np.float32) * 0.3
@@ -363,11 +376,12 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
     from threadpoolctl import threadpool_limits
 
     from backends import parallel
-    from backends.piper import host
+    from backends.piper import host, winograd
 
     monkeypatch.setattr(host, "TAPS_TILE", 1024)
     monkeypatch.setattr(host, "MIN_SPLIT_TILE", host.MIN_TILE)
     monkeypatch.setattr(host, "FRAMES_BYTES", 4096)
+    monkeypatch.setattr(winograd, "MIN_CHANNELS_PRODUCT", 1)  # undilated convs: Winograd's
     rng = np.random.default_rng(9)
     c, t = 16, 2000
     blocks = [
@@ -382,6 +396,8 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
         for k, dil in ((3, (1, 2)), (5, (2, 6)), (7, (3, 12)))
     ]
     cw = host.prepare(rng.standard_normal((c, c, 5), dtype=np.float32) * 0.2, None, 3)
+    cw1 = host.prepare(rng.standard_normal((c, c, 7), dtype=np.float32) * 0.2, None, 1)
+    assert cw1.winograd is not None and blocks[0][0].winograd is not None
     uw = host.prepare_up(
         rng.standard_normal((c, 8, 16), dtype=np.float32) * 0.2,
         rng.standard_normal(8, dtype=np.float32),
@@ -397,7 +413,9 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
         host.conv_same(
             x.copy(), cw, acc, slope=0.1, residual=True, add_to=True, scale=0.5, post_slope=0.1
         )
-        return [res, acc, host.conv_transpose(x[:, :300].copy(), uw)]
+        one = np.empty_like(x)
+        host.conv_same(x.copy(), cw1, one, slope=0.1)
+        return [res, acc, one, host.conv_transpose(x[:, :300].copy(), uw)]
 
     results = []
     with threadpool_limits(limits=1, user_api="blas"):
@@ -437,9 +455,10 @@ def _flow_case(t: int) -> tuple[Any, dict[str, Any], np.ndarray, list[tuple[int,
     return h, flow.prepare_flow(weights, h), z, gaps
 
 
+@pytest.mark.parametrize("winograd_convs", [False, True])
 @pytest.mark.parametrize("t", [5, 9, 20, 64, 130, 257, 900])
 def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
-    t: int, monkeypatch: pytest.MonkeyPatch
+    t: int, winograd_convs: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """flow_reverse_host on several cores runs each coupling depth first in column tiles with
     halos (zero padding at both ends, packed-batch gaps masked before every conv; tiles
@@ -448,11 +467,14 @@ def test_piper_flow_couplings_in_tiles_match_conv_by_conv(
     same bits; an input shorter than COUPLING_TILE (or a numpy without its bundled BLAS)
     keeps the conv-by-conv path."""
     from backends import parallel
-    from backends.piper import blas, flow
+    from backends.piper import blas, flow, winograd
 
     tiles = blas.available()  # without numpy's BLAS the flow keeps the conv-by-conv path
     monkeypatch.setattr(flow, "COUPLING_TILE", 8)  # many tiles, some narrower than the halo
+    if winograd_convs:  # the in-layers (5 taps, undilated) through Winograd's products
+        monkeypatch.setattr(winograd, "MIN_CHANNELS_PRODUCT", 1)
     h, prep, z, gaps = _flow_case(t)
+    assert (prep["flow.flows.0.enc.in_layers.0"].winograd is not None) == winograd_convs
     monkeypatch.setattr(parallel.SHARE, "share", lambda: 1)
     assert flow._coupling_tile(t) is None
     ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
