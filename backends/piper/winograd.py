@@ -190,11 +190,10 @@ def _flat(x: np.ndarray, writeable: bool) -> tuple[np.ndarray, int]:
         x.dtype != np.float32
         or x.ndim != 2
         or x.strides[1] != 4
-        or x.strides[0] % 4
-        or x.strides[0] < 4 * x.shape[1]
+        or (x.shape[0] > 1 and (x.strides[0] % 4 or x.strides[0] < 4 * x.shape[1]))
     ):
         raise ValueError("winograd: a float32 matrix with unit column stride and no overlap")
-    ld = x.strides[0] // 4
+    ld = x.strides[0] // 4 if x.shape[0] > 1 else x.shape[1]  # one row: any stride
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
         if not writeable:

@@ -107,6 +107,12 @@ def test_conv_add_refuses_what_it_would_read_or_write_out_of_bounds() -> None:
     with pytest.raises(ValueError, match="unit column stride"):
         winograd.conv_add(out, f, np.zeros((4, 60), np.float32)[:, ::2], 0)
     winograd.conv_add(out, f, src, 8)  # exactly enough columns
+    single = winograd.filters(np.ones((3, 2, 1), np.float32))
+    assert single is not None
+    row = np.broadcast_to(np.arange(12, dtype=np.float32), (1, 12))  # one row, row stride 0
+    got = np.zeros((2, 10), np.float32)
+    winograd.conv_add(got, single, row, 0)
+    np.testing.assert_allclose(got, np.tile(3 * np.arange(10) + 3, (2, 1)), rtol=1e-6)
 
 
 def test_the_same_inputs_give_the_same_bits_whatever_the_buffers_held() -> None:
