@@ -8,9 +8,10 @@ one process (the machine's speed moves between runs; ratios within a run compare
 
 * the convs that take Winograd's products (``backends/piper/winograd.py``): the
   flow's 16 coupling in-layers (192 -> 384 channels, 5 taps) at the sentence's
-  frames, the decoder's first conv (192 -> 256, 7 taps) and the first HiFi-GAN
-  stage's undilated conv (128 channels, 3 taps, one 2,048-column tile), against the
-  same convs as one GEMM per tap (``blas.conv_taps``);
+  frames and the decoder's first conv (192 -> 256, 7 taps), against the same convs
+  as one GEMM per tap (``blas.conv_taps``); and the first HiFi-GAN stage's
+  undilated conv (128 channels, 3 taps, one 2,048-column tile), which does not take
+  them (narrower than ``winograd.MIN_CHANNELS_PRODUCT``), as if it did;
 * the three transposed convs (upsampling x8, x8, x4), per-tap GEMMs of phase rows
   then one interleaving pass (``host.conv_transpose``) against one GEMM a tile and
   the taps summed frame-major (``host._conv_transpose_matrix``, the path before);
@@ -46,14 +47,16 @@ Case = tuple[str, Callable[[], np.ndarray], Callable[[], np.ndarray]]
 
 
 def _conv_case(label: str, cws: list[host.ConvWeights], src: np.ndarray, n: int) -> Case:
-    """Each conv of ``cws`` over ``n`` columns of ``src``: Winograd's products / per tap."""
+    """Each conv of ``cws`` over ``n`` columns of ``src``: Winograd's products (its own filters,
+    or made here for a conv that does not take them) / one GEMM per tap."""
     outs = [np.zeros((cw.c_out, n), np.float32) for cw in cws]
+    filters = [cw.winograd or winograd.filters(cw.taps) for cw in cws]
 
     def new() -> np.ndarray:
-        for cw, out in zip(cws, outs, strict=True):
+        for f, out in zip(filters, outs, strict=True):
             out[...] = 0
-            assert cw.winograd is not None
-            winograd.conv_add(out, cw.winograd, src, 0)
+            assert f is not None
+            winograd.conv_add(out, f, src, 0)
         return outs[-1].copy()
 
     def old() -> np.ndarray:
@@ -118,7 +121,7 @@ def cases(frames: int) -> list[Case]:
             frames,
         ),
         _conv_case(
-            "stage 1 conv (128->128, 3 taps, 2048 cols)",
+            "stage 1 conv (128->128, 3 taps, 2048 cols; not taken)",
             [convs["dec.resblocks.0.convs.0"]],
             rng.standard_normal((128, 2050), dtype=np.float32),
             2048,

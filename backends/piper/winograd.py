@@ -10,13 +10,14 @@ inputs of each block of ``m`` columns are transformed (``V = B^T z``, adds and a
 few scalings per channel), multiplied by transformed filters (``U = G g``, once
 per model), one GEMM per point (``M_i = U_i V_i``, ``L`` GEMMs over ``n / m``
 columns) and transformed back (``y = A^T M``). ``F(2, 5)`` needs 6 products for
-10, ``F(2, 7)`` 8 for 14, ``F(4, 3)`` 6 for 12: the flow's coupling convs
-(192 -> 384 channels, 5 taps), the decoder's first conv (192 -> 256, 7 taps) and
-the first HiFi-GAN stage's undilated convs (128 channels, 3 taps) take about 0.7
-of their per-tap time (``bench/piper_convs.py``). Below about 128 x 128 channels
-the transforms (a pass over the input and one over the output, on the host's
-scalar-heavy loops) cost what the smaller GEMMs save, and dilated convs are left
-to the per-tap GEMMs: :func:`prepare` says which convs take this path.
+10, ``F(2, 7)`` 8 for 14: the flow's coupling convs (192 -> 384 channels, 5 taps)
+take 0.74-0.75 of their per-tap time, the decoder's first conv (192 -> 256, 7 taps)
+0.79-0.84 (``bench/piper_convs.py``). Narrower convs are left to the per-tap GEMMs
+(from :data:`MIN_CHANNELS_PRODUCT` down): the transforms (a pass over the input and
+one over the output) cost about what the smaller GEMMs save, the first HiFi-GAN
+stage's 3-tap conv (128 channels, ``F(4, 3)``, 6 products for 12) took 0.93-0.97 of
+its time alone and made the stage no faster in place; dilated convs are left to
+them too: :func:`prepare` says which convs take this path.
 
 The transforms are Toom-Cook's over the interpolation points of :data:`POINTS`
 (and infinity), built and checked exactly with fractions (:func:`transform`);
@@ -57,7 +58,7 @@ last point is infinity); ``m + r - 2`` of them."""
 OUTPUTS = {3: 4, 5: 2, 7: 2}
 """``m``, the outputs of a block, for a conv of ``r`` taps."""
 
-MIN_CHANNELS_PRODUCT = 128 * 128
+MIN_CHANNELS_PRODUCT = 192 * 192
 """Fewest ``C_in * C_out`` for a conv to take this path (see the module doc)."""
 
 

@@ -136,11 +136,12 @@ def test_the_same_inputs_give_the_same_bits_whatever_the_buffers_held() -> None:
 
 
 def test_which_convs_take_the_winograd_path() -> None:
-    """Undilated convs of 3, 5 or 7 taps with at least 128 x 128 channels; not dilated ones,
-    kernel-1 ones or narrow ones."""
-    big = np.zeros((3, 128, 128), np.float32)
+    """Undilated convs of 3, 5 or 7 taps with at least 192 x 192 channels; not dilated ones,
+    kernel-1 ones or narrow ones (the first HiFi-GAN stage's 128 channels)."""
+    big = np.zeros((3, 192, 192), np.float32)
     assert winograd.prepare(big, 1) is not None
     assert winograd.prepare(big, 2) is None
+    assert winograd.prepare(np.zeros((3, 128, 128), np.float32), 1) is None
     assert winograd.prepare(np.zeros((1, 384, 192), np.float32), 1) is None
     assert winograd.prepare(np.zeros((5, 64, 64), np.float32), 1) is None
     assert winograd.prepare(np.zeros((4, 256, 256), np.float32), 1) is None  # no F(m, 4) here
@@ -158,7 +159,7 @@ def test_add_conv_chooses_the_path_and_keeps_the_values(
     if not blas.available():
         pytest.skip("numpy's BLAS (scipy-openblas) not found")
     rng = np.random.default_rng(4)
-    w = rng.standard_normal((128, 128, 3), dtype=np.float32) * 0.1
+    w = rng.standard_normal((192, 192, 3), dtype=np.float32) * 0.1
     cw = host.prepare(w, None)
     assert cw.winograd is not None
     monkeypatch.setattr(host, "USE_WINOGRAD", winograd_on)
@@ -166,8 +167,8 @@ def test_add_conv_chooses_the_path_and_keeps_the_values(
     real_conv_add, real_taps = winograd.conv_add, blas.conv_taps
     monkeypatch.setattr(winograd, "conv_add", lambda *a: (calls.append("w"), real_conv_add(*a)))
     monkeypatch.setattr(blas, "conv_taps", lambda *a: (calls.append("t"), real_taps(*a)))
-    src = rng.standard_normal((128, 300), dtype=np.float32)
-    out = np.zeros((128, 290), np.float32)
+    src = rng.standard_normal((192, 300), dtype=np.float32)
+    out = np.zeros((192, 290), np.float32)
     host.add_conv(out, cw, src, 4)
     assert calls == (["w"] if winograd_on else ["t"])
     want = _reference(cw.taps, src, 4, 290)
