@@ -297,15 +297,27 @@ def _sum(coefs: tuple[Fraction, ...], names: list[str], consts: dict[Fraction, s
     return text[2:] if text.startswith("+ ") else f"-{text[2:]}"
 
 
+def _header(types_: str, name: str, params: str) -> list[str]:
+    """A generated kernel's first lines: its signature for :func:`backends.kernels.kernel`, and
+    its ``def`` with every parameter typed ``Any``."""
+    typed = ", ".join(f"{p}: Any" for p in params.split(", "))
+    return [
+        "",
+        "",
+        f"@kernel(types.void({types_}))",
+        f"def {name}({typed}) -> None:  # pragma: no cover",
+    ]
+
+
 def _input_source(t: Transform, consts: dict[Fraction, str]) -> list[str]:
     m, n = t.m, t.points
     z = [f"z{j}" for j in range(n)]
-    lines = [
-        "",
-        "",
-        "@kernel(types.void(_IN1, types.int64, types.int64, types.int64, _OUT3, _OUT2))",
-        f"def input_{m}_{t.r}(src: Any, ld: Any, start: Any, avail: Any, v: Any, phases: Any)"
-        " -> None:  # pragma: no cover",
+    lines = _header(
+        "_IN1, types.int64, types.int64, types.int64, _OUT3, _OUT2",
+        f"input_{m}_{t.r}",
+        "src, ld, start, avail, v, phases",
+    )
+    lines += [
         "    blocks = v.shape[2]",
         "    width = phases.shape[1]",
         f"    full = min(width, avail // {m})",
@@ -330,12 +342,12 @@ def _input_source(t: Transform, consts: dict[Fraction, str]) -> list[str]:
 def _output_source(t: Transform, consts: dict[Fraction, str]) -> list[str]:
     m, n = t.m, t.points
     p = [f"p{i}" for i in range(n)]
-    lines = [
-        "",
-        "",
-        "@kernel(types.void(_IN3, _OUT1, types.int64, types.int64, _OUT2))",
-        f"def output_{m}_{t.r}(products: Any, out: Any, ld: Any, n: Any, ys: Any)"
-        " -> None:  # pragma: no cover",
+    lines = _header(
+        "_IN3, _OUT1, types.int64, types.int64, _OUT2",
+        f"output_{m}_{t.r}",
+        "products, out, ld, n, ys",
+    )
+    lines += [
         "    blocks = products.shape[2]",
         f"    full = n // {m}",
         "    for c in range(products.shape[1]):",
