@@ -541,14 +541,21 @@ FRAMES_BYTES = 1 << 21
 """Bytes of one tile's transposed-conv product (:func:`conv_transpose`)."""
 
 
-@attrs.frozen(eq=False, slots=False)
+@attrs.frozen(eq=False)
 class UpWeights:
-    """A ConvTranspose1d prepared for :func:`conv_transpose`: rows (out channel, tap, phase)."""
+    """A ConvTranspose1d prepared for :func:`conv_transpose` (built at load by
+    :func:`prepare_up`): rows (out channel, tap, phase) for one GEMM a tile, and the same
+    rows by tap for the per-tap GEMMs."""
 
     matrix: np.ndarray  # [C_out * K, C_in]
     bias: np.ndarray  # [C_out, 1]
     stride: int
     padding: int
+    phase_taps: np.ndarray
+    """``[taps, C_out * stride, C_in]``: tap ``j``'s rows (out channel, phase) for the input
+    frame ``taps - 1 - j`` frames back (:func:`blas.conv_taps`'s order)."""
+    phase_bias: np.ndarray
+    """``[C_out * stride, 1]``: each row's channel bias."""
 
     @property
     def c_out(self) -> int:
@@ -557,23 +564,7 @@ class UpWeights:
     @property
     def taps(self) -> int:
         """Input frames each output frame reads (``K / stride``)."""
-        return int(self.matrix.shape[0]) // (self.c_out * self.stride)
-
-    @functools.cached_property
-    def phase_taps(self) -> np.ndarray:
-        """``[taps, C_out * stride, C_in]``: tap ``j``'s rows (out channel, phase) for the input
-        frame ``taps - 1 - j`` frames back (:func:`blas.conv_taps`'s order)."""
-        c_in, k = self.matrix.shape[1], self.taps
-        by_tap = self.matrix.reshape(self.c_out, k, self.stride, c_in)
-        rows = self.c_out * self.stride
-        return np.ascontiguousarray(
-            np.stack([by_tap[:, k - 1 - j].reshape(rows, c_in) for j in range(k)])
-        )
-
-    @functools.cached_property
-    def phase_bias(self) -> np.ndarray:
-        """``[C_out * stride, 1]``: each row's channel bias."""
-        return np.repeat(self.bias, self.stride, axis=0)
+        return int(self.phase_taps.shape[0])
 
 
 def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWeights:
@@ -582,7 +573,15 @@ def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWei
     if k % stride:
         raise ValueError(f"conv_transpose: kernel {k} is not a multiple of stride {stride}")
     matrix = np.ascontiguousarray(w.reshape(c_in, c_out * k).T, dtype=np.float32)
-    return UpWeights(matrix, np.asarray(b, np.float32).reshape(c_out, 1), stride, padding)
+    bias = np.asarray(b, np.float32).reshape(c_out, 1)
+    taps = k // stride
+    by_tap = matrix.reshape(c_out, taps, stride, c_in)
+    rows = c_out * stride
+    phase_taps = np.ascontiguousarray(
+        np.stack([by_tap[:, taps - 1 - j].reshape(rows, c_in) for j in range(taps)])
+    )
+    phase_bias = np.repeat(bias, stride, axis=0)
+    return UpWeights(matrix, bias, stride, padding, phase_taps, phase_bias)
 
 
 def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
@@ -608,9 +607,7 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     t_out = (t - 1) * u - 2 * pad + taps * u
     frames = t + taps - 1
     out = np.empty((uw.c_out, t_out), np.float32)
-    per = max(16, TAPS_TILE // rows)
-    if parallel.SHARE.share() > 1:  # several cores: SPLIT_TILES tiles at least, as convs
-        per = max(16, min(per, -(-frames // SPLIT_TILES)))
+    per = _frames_per_tile(TAPS_TILE // rows, frames)
 
     def piece(run: Iterator[int]) -> None:
         y = np.empty((rows, per), np.float32)
@@ -634,6 +631,15 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     return out
 
 
+def _frames_per_tile(fits: int, frames: int) -> int:
+    """Frames of one transposed-conv tile: the ``fits`` its buffers allow (at least 16); with
+    several cores, :data:`SPLIT_TILES` tiles at least, as the convs are cut."""
+    per = max(16, fits)
+    if parallel.SHARE.share() > 1:
+        per = max(16, min(per, -(-frames // SPLIT_TILES)))
+    return per
+
+
 def _conv_transpose_matrix(x: np.ndarray, uw: UpWeights) -> np.ndarray:
     """:func:`conv_transpose` without numpy's BLAS: per tile of frames one GEMM gives every
     row of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
@@ -644,9 +650,7 @@ def _conv_transpose_matrix(x: np.ndarray, uw: UpWeights) -> np.ndarray:
     t_out = (t - 1) * u - 2 * pad + taps * u
     frames = t + taps - 1
     out = np.empty((c_out, t_out), np.float32)
-    per = max(16, FRAMES_BYTES // (4 * uw.matrix.shape[0]))
-    if parallel.SHARE.share() > 1:  # several cores: SPLIT_TILES tiles at least, as convs
-        per = max(16, min(per, -(-frames // SPLIT_TILES)))
+    per = _frames_per_tile(FRAMES_BYTES // (4 * uw.matrix.shape[0]), frames)
 
     def piece(run: Iterator[int]) -> None:
         acc = np.empty((c_out, per, u), np.float32)

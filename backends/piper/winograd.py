@@ -129,13 +129,18 @@ def _check(t: Transform) -> None:
                     raise ArithmeticError(f"F({t.m}, {t.r}): not a correlation at {q, k, col}")
 
 
+Kernels = tuple[Callable[..., None], Callable[..., None]]
+"""An ``F(m, r)``'s compiled input and output transforms."""
+
+
 @attrs.frozen(eq=False)
 class Filters:
     """A conv's taps transformed for ``F(m, r)``: ``u [L, C_out, C_in]`` (``U_i = sum_k G[i, k]
-    W_k``, in float64 then rounded once)."""
+    W_k``, in float64 then rounded once), and the transform's compiled kernels."""
 
     transform: Transform
     u: np.ndarray
+    kernels: Kernels
 
     @property
     def c_out(self) -> int:
@@ -161,15 +166,16 @@ def filters(taps: np.ndarray) -> Filters | None:
     :data:`OUTPUTS` whatever the channels (None: no kernels for ``K``)."""
     k = taps.shape[0]
     m = OUTPUTS.get(k)
-    if m is None or _kernels(m, k) is None:
+    found = None if m is None else _kernels(m, k)
+    if m is None or found is None:
         return None
     t = transform(m, k)
     g = np.array([[float(v) for v in row] for row in t.g])  # [L, r]
     u = np.einsum("ik,kab->iab", g, np.asarray(taps, np.float64))
-    return Filters(t, np.ascontiguousarray(u, dtype=np.float32))
+    return Filters(t, np.ascontiguousarray(u, dtype=np.float32), found)
 
 
-def _kernels(m: int, r: int) -> tuple[Callable[..., None], Callable[..., None]] | None:
+def _kernels(m: int, r: int) -> Kernels | None:
     """The compiled input and output transforms of ``F(m, r)`` (None without numba's kernels)."""
     try:
         from backends.piper import winograd_kernels
@@ -235,9 +241,7 @@ def conv_add(out: np.ndarray, f: Filters, src: np.ndarray, start: int) -> None:
         return
     if np.may_share_memory(out, src):
         raise ValueError("winograd: the output overlaps the source")
-    kernels = _kernels(t.m, t.r)
-    assert kernels is not None  # prepare() made these filters
-    to_points, from_points = kernels
+    to_points, from_points = f.kernels
     a, lda = _flat(src, writeable=False)
     o, ldo = _flat(out, writeable=True)
     blocks = -(-n // t.m)
