@@ -143,9 +143,10 @@ def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
     from backends.piper import PiperRequest, load_factory
     from backends.piper import model as piper_model
 
-    # the numpy backend runs the flow and the generator on their fused host paths
+    # the numpy backend runs the encoder, the flow and the generator on their host paths
     stages = (
         "encode",
+        "encode_host",
         "log_durations",
         "flow_reverse",
         "flow_reverse_host",

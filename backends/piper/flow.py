@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from backends import parallel
+from backends import kernels, parallel
 from backends.base import Array, ArrayBackend
 from backends.piper import blas, host
 from backends.piper.layers import Weights, conv, split_channels
@@ -191,13 +191,17 @@ def _pointwise(cw: host.ConvWeights, src: np.ndarray, out: np.ndarray) -> None:
 
 
 def _gate(t_act: np.ndarray, s_act: np.ndarray) -> None:
-    """``t_act = tanh(t_act) * sigmoid(s_act)`` in place, sigmoid as the backend computes it."""
-    np.tanh(t_act, out=t_act)
-    s_act *= np.float32(0.5)  # sigmoid(s) = 0.5 * (1 + tanh(s / 2)), the backend's formula
-    np.tanh(s_act, out=s_act)
-    s_act += np.float32(1.0)
-    s_act *= np.float32(0.5)
-    t_act *= s_act
+    """``t_act = tanh(t_act) * sigmoid(s_act)`` in place (``s_act`` left as it is), in one
+    compiled pass (:func:`backends.kernels.gate_rows`: within about 2.4e-7 of the backend's
+    numpy formulas; six numpy passes took 630-700 us at 192 x 300, the kernel about 200)."""
+    if t_act.shape != s_act.shape:
+        raise ValueError("gate: the two halves must have one shape")
+    rows, n = t_act.shape
+    if rows == 0 or n == 0:
+        return
+    a, lda = kernels.flat_rows(t_act, writeable=True)
+    b, ldb = kernels.flat_rows(s_act, writeable=False)
+    kernels.gate_rows(a, lda, b, ldb, rows, n)
 
 
 def _conv_host(x: np.ndarray, cw: host.ConvWeights, gaps: host.Gaps) -> np.ndarray:

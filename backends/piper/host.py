@@ -101,13 +101,17 @@ class ConvWeights:
         return np.ascontiguousarray(np.concatenate([w, self.bias], axis=1), dtype=np.float32)
 
 
-def prepare(w: np.ndarray, b: np.ndarray | None, dilation: int = 1) -> ConvWeights:
-    """Conv1d weights ``[C_out, C_in, K]`` and bias as :class:`ConvWeights`."""
+def prepare(
+    w: np.ndarray, b: np.ndarray | None, dilation: int = 1, fewer_products: bool = True
+) -> ConvWeights:
+    """Conv1d weights ``[C_out, C_in, K]`` and bias as :class:`ConvWeights`, with Winograd's
+    filters where :func:`winograd.prepare` takes the conv and ``fewer_products``."""
     c_out = w.shape[0]
     bias = np.zeros(c_out, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1)
     taps = np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 0, 1))
     bias2 = np.ascontiguousarray(bias.reshape(c_out, 1))
-    return ConvWeights(taps, bias2, dilation, winograd.prepare(taps, dilation))
+    filters = winograd.prepare(taps, dilation) if fewer_products else None
+    return ConvWeights(taps, bias2, dilation, filters)
 
 
 USE_WINOGRAD = True
@@ -127,9 +131,23 @@ def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int) -> N
 
 
 def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
-    """``out = leaky_relu(src)`` for ``0 <= slope <= 1`` as ``max(src, slope * src)``."""
-    np.multiply(src, np.float32(slope), out=out)
-    np.maximum(out, src, out=out)
+    """``out = leaky_relu(src)`` for ``0 <= slope <= 1`` (``max(src, slope * src)`` bit for
+    bit, but +inf at slope 0: see :func:`kernels.leaky_rows`) in one compiled pass; ``out``
+    may be ``src`` itself (:func:`kernels.leaky_rows_in_place`), or else must not overlap
+    it."""
+    if src.shape != out.shape or src.ndim != 2:
+        raise ValueError("leaky_into: src and out must be matrices of one shape")
+    rows, n = src.shape
+    if rows == 0 or n == 0:
+        return
+    o, ldo = kernels.flat_rows(out, writeable=True)
+    if src is out or (src.ctypes.data == out.ctypes.data and src.strides == out.strides):
+        kernels.leaky_rows_in_place(o, ldo, np.float32(slope), rows, n)
+        return
+    if np.may_share_memory(src, out):
+        raise ValueError("leaky_into: out overlaps src (other than being it)")
+    s, lds = kernels.flat_rows(src, writeable=False)
+    kernels.leaky_rows(s, lds, np.float32(slope), o, ldo, rows, n)
 
 
 TAPS_TILE = 1 << 18
@@ -211,7 +229,6 @@ def conv_same(
     def piece(run: Iterator[int]) -> None:
         pad = cw.padding
         act = np.empty((c_in, min(tile, t) + 2 * pad), np.float32)
-        tmp = np.empty((cw.c_out, min(tile, t)), np.float32)
         for t0 in run:
             n = min(tile, t - t0)
             o = out[:, t0 : t0 + n]
@@ -231,7 +248,7 @@ def conv_same(
             if s is not None:
                 o *= s
             if post_slope is not None:
-                np.maximum(o, np.multiply(o, np.float32(post_slope), out=tmp[:, :n]), out=o)
+                leaky_into(o, post_slope, o)
 
     split(piece, range(0, t, tile))
 
@@ -343,7 +360,7 @@ def _resblock_tiles(
             leaky_into(yj, slope, a)
             add_conv(o, cw2, a, 0)
         o *= scale
-        np.maximum(o, np.multiply(o, np.float32(post_slope), out=ya[:, :n]), out=o)
+        leaky_into(o, post_slope, o)
 
 
 def zero_outside(x: np.ndarray, lo: int, t: int, gaps: Gaps) -> None:

@@ -7,8 +7,7 @@ any number of sessions can share one. Noise comes from the caller's RNG.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -21,7 +20,7 @@ from backends.piper.duration import log_durations
 from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_flow
 from backends.piper.generator import PACK_GAP, generate, generate_host, prepare_generator
 from backends.piper.loader import Hyper, VoiceConfig
-from backends.piper.text_encoder import encode
+from backends.piper.text_encoder import encode, encode_host, prepare_encoder
 
 
 @attrs.frozen(eq=False)
@@ -65,8 +64,9 @@ class PiperModel:
     def _prepare(self) -> host.Prepared | None:
         if not host.is_host(self.backend):
             return None
-        convs, ups = prepare_generator(self.weights, self.hyper)
-        return host.Prepared({**prepare_flow(self.weights, self.hyper), **convs}, ups)
+        w, h = self.weights, self.hyper
+        convs, ups = prepare_generator(w, h)
+        return host.Prepared({**prepare_encoder(w, h), **prepare_flow(w, h), **convs}, ups)
 
     def synthesize_ids(
         self,
@@ -169,8 +169,12 @@ class PiperModel:
         if max_frames is not None and t > max_frames:
             raise FrameLimitError(t, max_frames)
         dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(item.noise_w)
+        prepared = self._on_host(be)
         with _small_products(be):
-            x, m, logs = encode(be, w, h, ids)
+            if prepared is not None:
+                x, m, logs = encode_host(prepared.convs, w, h, ids)
+            else:
+                x, m, logs = encode(be, w, h, ids)
             logw = log_durations(be, w, h, x, dp_noise)
         durations = np.ceil(np.exp(logw) * np.float32(item.length_scale)).astype(np.int64)
         frames = max(int(durations.sum()), 1)
@@ -241,13 +245,21 @@ def core_groups(sizes: Sequence[int], cores: int) -> list[list[int]]:
     return [sorted(g) for g in groups if g]
 
 
-def _small_products(be: ArrayBackend) -> AbstractContextManager[None]:
+@contextlib.contextmanager
+def _small_products(be: ArrayBackend) -> Iterator[None]:
     """Where the text encoder and the duration predictor run: on the numpy backend on one
-    BLAS thread (:func:`backends.parallel.one_thread`). Their products have a sentence's
-    phonemes as columns (tens): OpenBLAS's threads gain little on them and lose much when
-    a sleeping BLAS thread's core is busy (short sentence, two threads, one other job:
-    encoder 157 ms against 36 on one thread). Elsewhere nothing changes."""
-    return parallel.one_thread() if host.is_host(be) else contextlib.nullcontext()
+    core, with one BLAS thread (:func:`backends.parallel.one_thread`) and no split over
+    the cores (:func:`backends.parallel.sequential`). Their products have a sentence's
+    phonemes as columns (tens to a few hundred): OpenBLAS's threads gain little on them
+    and lose much when a sleeping BLAS thread's core is busy (short sentence, two
+    threads, one other job: encoder 157 ms against 36 on one thread), and tiles handed
+    to the cores cost more than they save (see :func:`backends.parallel.sequential`).
+    Elsewhere nothing changes."""
+    if not host.is_host(be):
+        yield
+        return
+    with parallel.one_thread(), parallel.sequential():
+        yield
 
 
 def _pack(latents: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int], list[tuple[int, int]]]:

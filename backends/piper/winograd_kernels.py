@@ -5,7 +5,7 @@
 or past ``avail`` read as zeros, ``phases`` a scratch of each row's ``m`` phases);
 ``output_m_r`` adds ``sum_i A^T[q, i] M[i, c, b]`` to ``out[c, m b + q]`` for the columns
 below ``n`` (``ys`` a scratch). Matrices as flat views with their row strides
-(:func:`backends.piper.winograd._flat`)."""
+(:func:`backends.kernels.flat_rows`)."""
 
 # ruff: noqa
 # fmt: off
@@ -21,85 +21,17 @@ from backends.kernels import array_type, kernel
 _IN1, _IN3 = array_type(1, readonly=True), array_type(3, readonly=True)
 _OUT1, _OUT2, _OUT3 = array_type(1), array_type(2), array_type(3)
 _ZERO = np.float32(0.0)
-_K0 = np.float32(4.0)
-_K1 = np.float32(5.0)
-_K2 = np.float32(2.0)
-_K3 = np.float32(5.25)
-_K4 = np.float32(4.25)
-_K5 = np.float32(0.5)
-_K6 = np.float32(0.25)
-_K7 = np.float32(2.5)
-_K8 = np.float32(1.25)
+_K0 = np.float32(5.25)
+_K1 = np.float32(4.25)
+_K2 = np.float32(0.5)
+_K3 = np.float32(0.25)
+_K4 = np.float32(2.5)
+_K5 = np.float32(1.25)
+_K6 = np.float32(2.0)
+_K7 = np.float32(4.0)
+_K8 = np.float32(5.0)
 _K9 = np.float32(8.0)
-
-
-@kernel(types.void(_IN1, types.int64, types.int64, types.int64, _OUT3, _OUT2))
-def input_2_5(src: Any, ld: Any, start: Any, avail: Any, v: Any, phases: Any) -> None:  # pragma: no cover
-    blocks = v.shape[2]
-    width = phases.shape[1]
-    full = min(width, avail // 2)
-    for c in range(v.shape[1]):
-        row = c * ld + start
-        ph0 = phases[0]
-        ph1 = phases[1]
-        for b in range(full):
-            at = row + 2 * b
-            ph0[b] = src[at + 0]
-            ph1[b] = src[at + 1]
-        for b in range(full, width):
-            first = 2 * b
-            ph0[b] = src[row + first + 0] if first + 0 < avail else _ZERO
-            ph1[b] = src[row + first + 1] if first + 1 < avail else _ZERO
-        v0 = v[0, c]
-        v1 = v[1, c]
-        v2 = v[2, c]
-        v3 = v[3, c]
-        v4 = v[4, c]
-        v5 = v[5, c]
-        for b in range(blocks):
-            z0 = ph0[b + 0]
-            z1 = ph1[b + 0]
-            z2 = ph0[b + 1]
-            z3 = ph1[b + 1]
-            z4 = ph0[b + 2]
-            z5 = ph1[b + 2]
-            v0[b] = _K0 * z0 - _K1 * z2 + z4
-            v1[b] = -_K0 * z1 - _K0 * z2 + z3 + z4
-            v2[b] = _K0 * z1 - _K0 * z2 - z3 + z4
-            v3[b] = -_K2 * z1 - z2 + _K2 * z3 + z4
-            v4[b] = _K2 * z1 - z2 - _K2 * z3 + z4
-            v5[b] = _K0 * z1 - _K1 * z3 + z5
-
-
-@kernel(types.void(_IN3, _OUT1, types.int64, types.int64, _OUT2))
-def output_2_5(products: Any, out: Any, ld: Any, n: Any, ys: Any) -> None:  # pragma: no cover
-    blocks = products.shape[2]
-    full = n // 2
-    for c in range(products.shape[1]):
-        row = c * ld
-        q0 = products[0, c]
-        q1 = products[1, c]
-        q2 = products[2, c]
-        q3 = products[3, c]
-        q4 = products[4, c]
-        q5 = products[5, c]
-        y0 = ys[0]
-        y1 = ys[1]
-        for b in range(blocks):
-            p0 = q0[b]
-            p1 = q1[b]
-            p2 = q2[b]
-            p3 = q3[b]
-            p4 = q4[b]
-            p5 = q5[b]
-            y0[b] = p0 + p1 + p2 + p3 + p4
-            y1[b] = p1 - p2 + _K2 * p3 - _K2 * p4 + p5
-        for b in range(full):
-            at = row + 2 * b
-            out[at + 0] += y0[b]
-            out[at + 1] += y1[b]
-        for k in range(n - 2 * full):
-            out[row + 2 * full + k] += ys[k, full]
+_K10 = np.float32(0.125)
 
 
 @kernel(types.void(_IN1, types.int64, types.int64, types.int64, _OUT3, _OUT2))
@@ -136,14 +68,14 @@ def input_2_7(src: Any, ld: Any, start: Any, avail: Any, v: Any, phases: Any) ->
             z5 = ph1[b + 2]
             z6 = ph0[b + 3]
             z7 = ph1[b + 3]
-            v0[b] = -z0 + _K3 * z2 - _K3 * z4 + z6
-            v1[b] = z1 + z2 - _K4 * z3 - _K4 * z4 + z5 + z6
-            v2[b] = -z1 + z2 + _K4 * z3 - _K4 * z4 - z5 + z6
-            v3[b] = _K5 * z1 + _K6 * z2 - _K7 * z3 - _K8 * z4 + _K2 * z5 + z6
-            v4[b] = -_K5 * z1 + _K6 * z2 + _K7 * z3 - _K8 * z4 - _K2 * z5 + z6
-            v5[b] = _K2 * z1 + _K0 * z2 - _K7 * z3 - _K1 * z4 + _K5 * z5 + z6
-            v6[b] = -_K2 * z1 + _K0 * z2 + _K7 * z3 - _K1 * z4 - _K5 * z5 + z6
-            v7[b] = -z1 + _K3 * z3 - _K3 * z5 + z7
+            v0[b] = -z0 + _K0 * z2 - _K0 * z4 + z6
+            v1[b] = z1 + z2 - _K1 * z3 - _K1 * z4 + z5 + z6
+            v2[b] = -z1 + z2 + _K1 * z3 - _K1 * z4 - z5 + z6
+            v3[b] = _K2 * z1 + _K3 * z2 - _K4 * z3 - _K5 * z4 + _K6 * z5 + z6
+            v4[b] = -_K2 * z1 + _K3 * z2 + _K4 * z3 - _K5 * z4 - _K6 * z5 + z6
+            v5[b] = _K6 * z1 + _K7 * z2 - _K4 * z3 - _K8 * z4 + _K2 * z5 + z6
+            v6[b] = -_K6 * z1 + _K7 * z2 + _K4 * z3 - _K8 * z4 - _K2 * z5 + z6
+            v7[b] = -z1 + _K0 * z3 - _K0 * z5 + z7
 
 
 @kernel(types.void(_IN3, _OUT1, types.int64, types.int64, _OUT2))
@@ -172,7 +104,7 @@ def output_2_7(products: Any, out: Any, ld: Any, n: Any, ys: Any) -> None:  # pr
             p6 = q6[b]
             p7 = q7[b]
             y0[b] = p0 + p1 + p2 + p3 + p4 + p5 + p6
-            y1[b] = p1 - p2 + _K2 * p3 - _K2 * p4 + _K5 * p5 - _K5 * p6 + p7
+            y1[b] = p1 - p2 + _K6 * p3 - _K6 * p4 + _K2 * p5 - _K2 * p6 + p7
         for b in range(full):
             at = row + 2 * b
             out[at + 0] += y0[b]
@@ -217,12 +149,12 @@ def input_4_3(src: Any, ld: Any, start: Any, avail: Any, v: Any, phases: Any) ->
             z3 = ph3[b + 0]
             z4 = ph0[b + 1]
             z5 = ph1[b + 1]
-            v0[b] = _K0 * z0 - _K1 * z2 + z4
-            v1[b] = -_K0 * z1 - _K0 * z2 + z3 + z4
-            v2[b] = _K0 * z1 - _K0 * z2 - z3 + z4
-            v3[b] = -_K2 * z1 - z2 + _K2 * z3 + z4
-            v4[b] = _K2 * z1 - z2 - _K2 * z3 + z4
-            v5[b] = _K0 * z1 - _K1 * z3 + z5
+            v0[b] = _K7 * z0 - _K8 * z2 + z4
+            v1[b] = -_K7 * z1 - _K7 * z2 + z3 + z4
+            v2[b] = _K7 * z1 - _K7 * z2 - z3 + z4
+            v3[b] = -_K6 * z1 - z2 + _K6 * z3 + z4
+            v4[b] = _K6 * z1 - z2 - _K6 * z3 + z4
+            v5[b] = _K7 * z1 - _K8 * z3 + z5
 
 
 @kernel(types.void(_IN3, _OUT1, types.int64, types.int64, _OUT2))
@@ -249,9 +181,100 @@ def output_4_3(products: Any, out: Any, ld: Any, n: Any, ys: Any) -> None:  # pr
             p4 = q4[b]
             p5 = q5[b]
             y0[b] = p0 + p1 + p2 + p3 + p4
-            y1[b] = p1 - p2 + _K2 * p3 - _K2 * p4
-            y2[b] = p1 + p2 + _K0 * p3 + _K0 * p4
+            y1[b] = p1 - p2 + _K6 * p3 - _K6 * p4
+            y2[b] = p1 + p2 + _K7 * p3 + _K7 * p4
             y3[b] = p1 - p2 + _K9 * p3 - _K9 * p4 + p5
+        for b in range(full):
+            at = row + 4 * b
+            out[at + 0] += y0[b]
+            out[at + 1] += y1[b]
+            out[at + 2] += y2[b]
+            out[at + 3] += y3[b]
+        for k in range(n - 4 * full):
+            out[row + 4 * full + k] += ys[k, full]
+
+
+@kernel(types.void(_IN1, types.int64, types.int64, types.int64, _OUT3, _OUT2))
+def input_4_5(src: Any, ld: Any, start: Any, avail: Any, v: Any, phases: Any) -> None:  # pragma: no cover
+    blocks = v.shape[2]
+    width = phases.shape[1]
+    full = min(width, avail // 4)
+    for c in range(v.shape[1]):
+        row = c * ld + start
+        ph0 = phases[0]
+        ph1 = phases[1]
+        ph2 = phases[2]
+        ph3 = phases[3]
+        for b in range(full):
+            at = row + 4 * b
+            ph0[b] = src[at + 0]
+            ph1[b] = src[at + 1]
+            ph2[b] = src[at + 2]
+            ph3[b] = src[at + 3]
+        for b in range(full, width):
+            first = 4 * b
+            ph0[b] = src[row + first + 0] if first + 0 < avail else _ZERO
+            ph1[b] = src[row + first + 1] if first + 1 < avail else _ZERO
+            ph2[b] = src[row + first + 2] if first + 2 < avail else _ZERO
+            ph3[b] = src[row + first + 3] if first + 3 < avail else _ZERO
+        v0 = v[0, c]
+        v1 = v[1, c]
+        v2 = v[2, c]
+        v3 = v[3, c]
+        v4 = v[4, c]
+        v5 = v[5, c]
+        v6 = v[6, c]
+        v7 = v[7, c]
+        for b in range(blocks):
+            z0 = ph0[b + 0]
+            z1 = ph1[b + 0]
+            z2 = ph2[b + 0]
+            z3 = ph3[b + 0]
+            z4 = ph0[b + 1]
+            z5 = ph1[b + 1]
+            z6 = ph2[b + 1]
+            z7 = ph3[b + 1]
+            v0[b] = -z0 + _K0 * z2 - _K0 * z4 + z6
+            v1[b] = z1 + z2 - _K1 * z3 - _K1 * z4 + z5 + z6
+            v2[b] = -z1 + z2 + _K1 * z3 - _K1 * z4 - z5 + z6
+            v3[b] = _K2 * z1 + _K3 * z2 - _K4 * z3 - _K5 * z4 + _K6 * z5 + z6
+            v4[b] = -_K2 * z1 + _K3 * z2 + _K4 * z3 - _K5 * z4 - _K6 * z5 + z6
+            v5[b] = _K6 * z1 + _K7 * z2 - _K4 * z3 - _K8 * z4 + _K2 * z5 + z6
+            v6[b] = -_K6 * z1 + _K7 * z2 + _K4 * z3 - _K8 * z4 - _K2 * z5 + z6
+            v7[b] = -z1 + _K0 * z3 - _K0 * z5 + z7
+
+
+@kernel(types.void(_IN3, _OUT1, types.int64, types.int64, _OUT2))
+def output_4_5(products: Any, out: Any, ld: Any, n: Any, ys: Any) -> None:  # pragma: no cover
+    blocks = products.shape[2]
+    full = n // 4
+    for c in range(products.shape[1]):
+        row = c * ld
+        q0 = products[0, c]
+        q1 = products[1, c]
+        q2 = products[2, c]
+        q3 = products[3, c]
+        q4 = products[4, c]
+        q5 = products[5, c]
+        q6 = products[6, c]
+        q7 = products[7, c]
+        y0 = ys[0]
+        y1 = ys[1]
+        y2 = ys[2]
+        y3 = ys[3]
+        for b in range(blocks):
+            p0 = q0[b]
+            p1 = q1[b]
+            p2 = q2[b]
+            p3 = q3[b]
+            p4 = q4[b]
+            p5 = q5[b]
+            p6 = q6[b]
+            p7 = q7[b]
+            y0[b] = p0 + p1 + p2 + p3 + p4 + p5 + p6
+            y1[b] = p1 - p2 + _K6 * p3 - _K6 * p4 + _K2 * p5 - _K2 * p6
+            y2[b] = p1 + p2 + _K7 * p3 + _K7 * p4 + _K3 * p5 + _K3 * p6
+            y3[b] = p1 - p2 + _K9 * p3 - _K9 * p4 + _K10 * p5 - _K10 * p6 + p7
         for b in range(full):
             at = row + 4 * b
             out[at + 0] += y0[b]

@@ -244,3 +244,109 @@ def test_interleave_phases_refuses_what_it_would_read_or_write_out_of_bounds() -
         kernels.interleave_phases(np.zeros((4, 4), np.float32), 4, out, 0, 0, 11)  # hi > width
     with pytest.raises(ValueError, match="interleave_phases"):
         kernels.interleave_phases(np.zeros((4, 4), np.float32), 4, out, 0, -1, 5)
+
+
+_SPECIALS = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-40, -1e-40, 3.0, -3.0, 88.0, -88.0, 1e30,
+                      -1e30, np.inf, -np.inf, np.nan], np.float32)  # fmt: skip
+"""Values a leaky ReLU or a gate must keep exactly where numpy does (signed zeros,
+subnormals, infinities, NaN)."""
+
+
+def _strided(rows: int, n: int, seed: int, specials: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A [rows, n] float32 view with a row stride wider than its rows, inside its buffer."""
+    rng = np.random.default_rng(seed)
+    buf = (rng.standard_normal((rows + 1, n + 7)) * 4).astype(np.float32)
+    if specials:
+        flat = buf.reshape(-1)
+        flat[rng.integers(0, flat.size, min(flat.size, 3 * _SPECIALS.size))] = np.resize(
+            _SPECIALS, min(flat.size, 3 * _SPECIALS.size)
+        )
+    return buf, buf[1:, 3 : 3 + n]
+
+
+@given(rows=st.integers(1, 9), n=st.integers(1, 70), slope=st.sampled_from([0.0, 0.01, 0.1, 1.0]))
+@settings(max_examples=60, deadline=None)
+def test_leaky_rows_is_numpys_maximum_bit_for_bit(rows: int, n: int, slope: float) -> None:
+    """leaky_rows over strided views, and in place, gives ``x if x > 0 else slope x`` bit for
+    bit (signed zeros, subnormals, infinities, NaN): numpy's ``maximum(x, slope x)`` but
+    for +inf at slope 0 (inf here, NaN there: 0 x inf), and writes nothing outside the view."""
+    from backends.piper import host
+
+    buf, x = _strided(rows, n, rows * 100 + n)
+    with np.errstate(invalid="ignore"):
+        scaled = np.float32(slope) * x
+        want = np.where(x > 0, x, scaled)
+        numpys = np.maximum(x, scaled)
+    same = ~((x == np.inf) & (slope == 0.0))
+    assert np.array_equal(want[same].view(np.int32), numpys[same].view(np.int32))
+    out_buf = np.full((rows + 2, n + 5), 7.0, np.float32)
+    out = out_buf[1:-1, 2 : 2 + n]
+    host.leaky_into(x, slope, out)
+    assert np.array_equal(out.view(np.int32), want.view(np.int32))
+    outside = np.ones(out_buf.shape, bool)
+    outside[1:-1, 2 : 2 + n] = False
+    assert np.all(out_buf[outside] == 7.0)
+    before = buf.copy()
+    host.leaky_into(x, slope, x)  # in place
+    assert np.array_equal(x.view(np.int32), want.view(np.int32))
+    untouched = np.ones(buf.shape, bool)
+    untouched[1:, 3 : 3 + n] = False
+    assert np.array_equal(buf[untouched].view(np.int32), before[untouched].view(np.int32))
+
+
+def test_leaky_into_refuses_overlaps_and_shapes() -> None:
+    from backends.piper import host
+
+    x = np.zeros((4, 10), np.float32)
+    with pytest.raises(ValueError, match="overlaps"):
+        host.leaky_into(x[:, :8], 0.1, x[:, 2:])
+    with pytest.raises(ValueError, match="one shape"):
+        host.leaky_into(x, 0.1, np.zeros((4, 9), np.float32))
+    with pytest.raises(ValueError, match="unit column stride"):
+        host.leaky_into(x[:, ::2], 0.1, np.zeros((4, 5), np.float32))
+    host.leaky_into(x[:0], 0.1, x[:0])  # empty: nothing to do
+
+
+@given(rows=st.integers(1, 6), n=st.integers(1, 70))
+@settings(max_examples=40, deadline=None)
+def test_gate_rows_is_tanh_times_sigmoid(rows: int, n: int) -> None:
+    """gate_rows: ``a = tanh(a) * sigmoid(b)`` within 3e-7 (absolute; the values are at most 1)
+    of float64's, NaN where either input is NaN, ``b`` unchanged, nothing written outside."""
+    from backends.piper import flow
+
+    buf, both = _strided(2 * rows, n, rows * 1000 + n)
+    a, b = both[:rows], both[rows:]
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = np.tanh(a64) / (1.0 + np.exp(-b64))
+    before = buf.copy()
+    flow._gate(a, b)
+    nan = np.isnan(a64) | np.isnan(b64)
+    assert np.array_equal(np.isnan(a), nan)
+    assert np.abs(a[~nan] - want[~nan]).max(initial=0.0) <= 3e-7
+    assert np.array_equal(b.view(np.int32), before[1 + rows :, 3 : 3 + n].view(np.int32))
+    untouched = np.ones(buf.shape, bool)
+    untouched[1 : 1 + rows, 3 : 3 + n] = False
+    assert np.array_equal(buf[untouched].view(np.int32), before[untouched].view(np.int32))
+
+
+def test_flat_rows_views_the_same_memory_row_by_row() -> None:
+    """flat_rows: a strided matrix as one flat view and its row stride (a one-row view: its
+    width), writes through it land in the matrix; refused: another dtype, a column stride,
+    overlapping rows."""
+    buf = np.zeros((5, 12), np.float32)
+    view = buf[1:4, 2:9]
+    flat, ld = kernels.flat_rows(view, writeable=True)
+    assert ld == 12 and flat.size == 2 * 12 + 7
+    flat[ld + 3] = 1.0
+    assert view[1, 3] == 1.0 and buf.sum() == 1.0
+    ro, _ = kernels.flat_rows(view, writeable=False)
+    assert not ro.flags.writeable
+    assert kernels.flat_rows(buf[2:3, 1:5], writeable=False)[1] == 4
+    for bad in (
+        buf.astype(np.float64),
+        buf[:, ::2],
+        np.lib.stride_tricks.as_strided(buf, (3, 12), (16, 4)),
+    ):
+        with pytest.raises(ValueError, match="flat_rows"):
+            kernels.flat_rows(bad, writeable=False)

@@ -255,3 +255,32 @@ def test_a_failing_piece_leaves_its_thread_out_of_the_piece() -> None:
     seen: list[str] = []
     share.run(lambda i: seen.append(threading.current_thread().name), range(1))
     assert len(seen) == 1 and not share.in_piece()
+
+
+def test_sequential_runs_splits_in_order_and_leaves_the_blas_as_it_is() -> None:
+    """sequential(): a split inside the block runs its items in order on the calling thread
+    (the share reads 1), the BLAS count is not touched, other threads keep the share, and
+    the thread is out of the block again after an exception."""
+    blas = FakeBlas(2)
+    share = CoreShare(blas)
+    share.set_threads(2)
+    me = threading.current_thread().name
+    other: list[int] = []
+    with share.sequential():
+        assert share.in_piece() and share.share() == 1
+        seen: list[tuple[int, str, int]] = []
+        share.run(
+            lambda i: seen.append((i, threading.current_thread().name, blas.num_threads)), range(4)
+        )
+        assert seen == [(i, me, 2) for i in range(4)]
+        with share.sequential():  # nests
+            assert share.share() == 1
+        assert share.in_piece()
+        elsewhere = threading.Thread(target=lambda: other.append(share.share()))
+        elsewhere.start()
+        elsewhere.join()
+    assert other == [2]
+    assert not share.in_piece() and share.share() == 2 and blas.settings == [2]
+    with pytest.raises(RuntimeError, match="inside"), share.sequential():
+        raise RuntimeError("inside")
+    assert not share.in_piece() and share.share() == 2

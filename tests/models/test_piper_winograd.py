@@ -146,7 +146,7 @@ def test_which_convs_take_the_winograd_path() -> None:
     assert winograd.prepare(np.zeros((5, 64, 64), np.float32), 1) is None
     assert winograd.prepare(np.zeros((4, 256, 256), np.float32), 1) is None  # no F(m, 4) here
     cw = host.prepare(np.zeros((384, 192, 5), np.float32), None)
-    assert cw.winograd is not None and cw.winograd.transform.m == 2
+    assert cw.winograd is not None and cw.winograd.transform.m == 4  # F(4, 5)
     assert host.prepare(np.zeros((128, 128, 7), np.float32), None, 3).winograd is None
 
 
