@@ -94,7 +94,7 @@ class CoreShare:
         self._held: int | None = None  # the count to restore when the last split ends
         self._splits = 0
         self._pool = pool  # the workers (None: one a core, started on first use)
-        self._piece = threading.local()  # .depth: pieces of this share running on the thread
+        self._piece = threading.local()  # .depth: pieces (and sequential blocks) on the thread
 
     def _control(self) -> Any | None:
         if not self._looked_up:
@@ -126,7 +126,8 @@ class CoreShare:
             return max(1, int(control.num_threads))
 
     def in_piece(self) -> bool:
-        """Whether the calling thread is running a piece of a split (of this share)."""
+        """Whether the calling thread is running a piece of a split (of this share) or a
+        :meth:`sequential` block."""
         return bool(getattr(self._piece, "depth", 0))
 
     def run(self, piece: Callable[[T], None], items: Sequence[T], lanes: int | None = None) -> None:

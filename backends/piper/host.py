@@ -133,8 +133,9 @@ def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int) -> N
 def leaky_into(src: np.ndarray, slope: float, out: np.ndarray) -> None:
     """``out = leaky_relu(src)`` for ``0 <= slope <= 1`` (``max(src, slope * src)`` bit for
     bit, but +inf at slope 0: see :func:`kernels.leaky_rows`) in one compiled pass; ``out``
-    may be ``src`` itself (:func:`kernels.leaky_rows_in_place`), or else must not overlap
-    it."""
+    may be ``src`` itself (the same memory, shape and strides:
+    :func:`kernels.leaky_rows_in_place`), or else must not share its memory range
+    (``np.may_share_memory``: two disjoint views of one buffer can be refused)."""
     if src.shape != out.shape or src.ndim != 2:
         raise ValueError("leaky_into: src and out must be matrices of one shape")
     rows, n = src.shape

@@ -57,8 +57,8 @@ class PiperModel:
     config: VoiceConfig
     hyper: Hyper = attrs.field(factory=Hyper)
     prepared: host.Prepared | None = attrs.field(init=False, repr=False)
-    """The flow's and generator's convs as fused-conv operands on the numpy backend (None
-    elsewhere), built once per model."""
+    """The text encoder's, flow's and generator's convs as fused-conv operands on the numpy
+    backend (None elsewhere), built once per model."""
 
     @prepared.default
     def _prepare(self) -> host.Prepared | None:

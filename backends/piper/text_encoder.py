@@ -94,10 +94,11 @@ def prepare_encoder(w: Weights, h: Hyper) -> dict[str, host.ConvWeights]:
     """The encoder's convs as fused-conv operands (host arrays), by module name: per layer
     Q, K and V as one conv ``{layer}.conv_qkv`` (Q's rows, bias included, scaled by
     ``1/sqrt(dk)`` once here rather than on every request), ``conv_o``, the FFN's two
-    convs, and the stats projection ``enc_p.proj``. The FFN's convs keep their per-tap
-    GEMMs: Winograd's filters for them would take 42 MB (as much as two thirds of the
-    model's weights) for products over a sentence's phonemes, where they measured
-    0.88-1.15 of the per-tap time (40 to 160 phonemes, one thread)."""
+    convs, and the stats projection ``enc_p.proj``: about 25 MB of copies (the FFN's
+    per-tap matrices; ``conv_o`` and the projection are views of the weights). The
+    FFN's convs keep their per-tap GEMMs: Winograd's filters for them would take 42 MB
+    (two thirds of the model's weights) for products over a sentence's phonemes, where
+    they measured 0.88-1.15 of the per-tap time (40 to 160 phonemes, one thread)."""
     out: dict[str, host.ConvWeights] = {}
     scale = 1.0 / math.sqrt(h.hidden // h.n_heads)
     for i in range(h.n_layers):

@@ -9,12 +9,13 @@ from ``L = m + r - 1`` inputs with only ``L`` products instead of ``m r``: the
 inputs of each block of ``m`` columns are transformed (``V = B^T z``, adds and a
 few scalings per channel), multiplied by transformed filters (``U = G g``, once
 per model), one GEMM per point (``M_i = U_i V_i``, ``L`` GEMMs over ``n / m``
-columns) and transformed back (``y = A^T M``). ``F(2, 5)`` needs 6 products for
-10, ``F(2, 7)`` 8 for 14: the flow's coupling convs (192 -> 384 channels, 5 taps)
-take 0.74-0.75 of their per-tap time, the decoder's first conv (192 -> 256, 7 taps)
-0.79-0.84 (``bench/piper_convs.py``). Narrower convs are left to the per-tap GEMMs
-(from :data:`MIN_CHANNELS_PRODUCT` down): the transforms (a pass over the input and
-one over the output) cost about what the smaller GEMMs save, the first HiFi-GAN
+columns) and transformed back (``y = A^T M``). ``F(4, 5)`` needs 8 products for
+20, ``F(2, 7)`` 8 for 14: the flow's coupling convs (192 -> 384 channels, 5 taps)
+take 0.64 of their per-tap time (``F(2, 5)``, 6 for 10: 0.74-0.75), the decoder's
+first conv (192 -> 256, 7 taps) 0.79-0.84 (``bench/piper_convs.py``). Narrower
+convs are left to the per-tap GEMMs (from :data:`MIN_CHANNELS_PRODUCT` down): the
+transforms (a pass over the input and one over the output) cost about what the
+smaller GEMMs save, the first HiFi-GAN
 stage's 3-tap conv (128 channels, ``F(4, 3)``, 6 products for 12) took 0.93-0.97 of
 its time alone and made the stage no faster in place; dilated convs are left to
 them too: :func:`prepare` says which convs take this path.
@@ -24,9 +25,10 @@ The transforms are Toom-Cook's over the interpolation points of :data:`POINTS`
 the kernels are numba loops unrolled for each ``(m, r)`` and generated from those
 matrices into :mod:`backends.piper.winograd_kernels` (``python -m
 backends.piper.winograd`` writes it; a test requires the file to match). Values
-differ from the per-tap GEMMs' by float32 rounding only: about 1e-6 of a conv's
-largest output on Piper's weights (the points 0, +-1, +-2, +-1/2 keep the
-transforms' constants small); the per-conv and end-to-end tolerances
+differ from the per-tap GEMMs' by float32 rounding only: about 2e-6 of a conv's
+largest output on Piper's weights (``F(4, 5)`` up to 2.6e-6, the per-tap GEMMs
+4e-7 against float64; the points 0, +-1, +-2, +-1/2 keep the transforms' constants
+small); the per-conv and end-to-end tolerances
 (``tests/models/test_piper_winograd.py``, the parity tests against onnxruntime)
 bound them. A column's value depends on where its block of ``m`` starts (the
 tile), never on memory outside the conv's input window: inputs past the window

@@ -350,3 +350,45 @@ def test_flat_rows_views_the_same_memory_row_by_row() -> None:
     ):
         with pytest.raises(ValueError, match="flat_rows"):
             kernels.flat_rows(bad, writeable=False)
+
+
+def test_row_kernels_refuse_rows_that_do_not_fit_their_arrays() -> None:
+    """The row kernels run without bounds checks: rows, columns and row strides that would
+    reach past a flat view (or rows that overlap) are refused before the loop."""
+    a, b = np.zeros(16, np.float32), np.zeros(8, np.float32)
+    slope = np.float32(0.5)
+    with pytest.raises(ValueError, match="leaky_rows"):
+        kernels.leaky_rows(b, 8, slope, a, 8, 2, 8)  # src holds one row of 8
+    with pytest.raises(ValueError, match="leaky_rows"):
+        kernels.leaky_rows(a, 4, slope, a.copy(), 8, 2, 8)  # rows of src overlap
+    with pytest.raises(ValueError, match="leaky_rows_in_place"):
+        kernels.leaky_rows_in_place(b, 8, slope, 1, 9)
+    with pytest.raises(ValueError, match="gate_rows"):
+        kernels.gate_rows(a, 8, b[:2], 2, 1, 4)
+    with pytest.raises(ValueError, match="gate_rows"):
+        kernels.gate_rows(a, 8, a.copy(), 8, -1, 4)
+    kernels.leaky_rows(b, 8, slope, a, 8, 1, 8)  # exactly fits
+    kernels.gate_rows(a, 8, a.copy(), 8, 0, 8)  # no rows: nothing to do
+
+
+def test_flat_rows_takes_a_one_column_matrix_of_any_column_stride() -> None:
+    """A [T, 1] matrix (the text encoder's activations at T = 1, transposed back) has no
+    column stride that matters."""
+    x = np.ascontiguousarray(np.arange(6, dtype=np.float32).reshape(1, 6).T)  # strides (4, 24)
+    flat, ld = kernels.flat_rows(x, writeable=False)
+    assert ld == 1 and np.array_equal(flat, x[:, 0])
+    from backends.piper import host
+
+    out = np.empty_like(x)
+    host.leaky_into(x - 3, 0.5, out)
+    assert np.array_equal(out[:, 0], np.maximum(x[:, 0] - 3, 0.5 * (x[:, 0] - 3)))
+
+
+def test_gate_refuses_halves_that_overlap() -> None:
+    from backends.piper import flow
+
+    x = np.zeros((4, 10), np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        flow._gate(x[:3], x[1:])
+    with pytest.raises(ValueError, match="one shape"):
+        flow._gate(x[:2], x[2:, :5])

@@ -161,3 +161,17 @@ def test_the_model_encodes_on_the_fast_path_on_one_core(
     assert host.is_host(BE)
     for a, b in zip(*outputs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_ffn_convs_keep_per_tap_products(model: PiperModel) -> None:
+    """The encoder's FFN convs (192 <-> 768, 3 taps) are wide enough for Winograd's filters
+    but are prepared without them (42 MB for no measured gain); the flow's in-layers take
+    F(4, 5)."""
+    assert model.prepared is not None
+    convs = model.prepared.convs
+    for i in range(model.hyper.n_layers):
+        for n in (1, 2):
+            cw = convs[f"enc_p.encoder.ffn_layers.{i}.conv_{n}"]
+            assert cw.taps.shape[0] == 3 and cw.winograd is None
+    f = convs["flow.flows.0.enc.in_layers.0"].winograd
+    assert f is not None and (f.transform.m, f.transform.r) == (4, 5)
