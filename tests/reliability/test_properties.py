@@ -207,7 +207,7 @@ def test_task_routes(rel: httpx.Client, api: Any, path: str, examples: int) -> N
         model = body["model"]
         task = TASKS[model]
         sent = dict(body)
-        if body.get("requests") is not None:  # the schema allows an explicit null
+        if path == "/v1/tasks/batch":  # elsewhere a "requests" is an extra property, any value
             entries = body["requests"][:3]  # up to 64 are allowed; 3 keep an example near a second
             sent["requests"] = [with_audio(e, real, model) if task != "tts" else e for e in entries]
         elif task != "tts":
