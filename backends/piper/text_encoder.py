@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from backends import kernels
 from backends.base import Array, ArrayBackend
+from backends.numpy_backend import NumpyBackend, _exp_rows
 from backends.piper import host
 from backends.piper.layers import Weights, channel_norm, conv, split_channels
 from backends.piper.loader import Hyper
@@ -152,18 +152,17 @@ def encode_host(
     return x[None], stats[None, : h.inter], stats[None, h.inter :]
 
 
+_HOST = NumpyBackend()
+"""The backend whose :func:`channel_norm` the host path shares (host arrays in and out)."""
+
+
 def _add_and_norm(
     cw: host.ConvWeights, src: np.ndarray, x: np.ndarray, w: Weights, norm: str
 ) -> np.ndarray:
-    """``channel_norm(x + conv(src))`` as a new [C, T] array."""
+    """``channel_norm(x + conv(src))`` as a new C-contiguous [C, T] array."""
     y = x.copy()
     host.conv_same(src, cw, y, add_to=True)
-    rows = np.ascontiguousarray(y.T)
-    out = np.empty_like(rows)
-    gamma = np.asarray(w[f"{norm}.gamma"], np.float32)
-    beta = np.asarray(w[f"{norm}.beta"], np.float32)
-    kernels.layer_norm(rows, gamma, beta, np.float32(1e-5), out)
-    return np.ascontiguousarray(out.T)
+    return np.ascontiguousarray(channel_norm(_HOST, w, norm, y[None])[0])
 
 
 def _attend(
@@ -184,9 +183,7 @@ def _attend(
     near = np.matmul(q.T, rel_k.T)  # [T, 2 window + 1]: q_i . rel_k[r]
     for d, diagonal, at in _diagonals(scores, window):
         diagonal += near[at, window + d]
-    sums = np.empty((t, 1), np.float32)
-    kernels.softmax_rows(scores, sums)
-    scores /= sums
+    scores /= _exp_rows(scores)  # the backend's softmax, in place
     o = out[rows]
     np.matmul(v, scores.T, out=o)
     band = np.zeros((t, 2 * window + 1), np.float32)  # band[i, window + d] = p[i, i + d]
