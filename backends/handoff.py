@@ -57,8 +57,9 @@ then the job: its kind, its piece count, its lanes (helpers ``0 .. lanes - 2`` t
 and its arguments (:data:`ARGS` on); from :data:`TAKEN` the pieces each helper took (all
 jobs)."""
 ARGS = 35
-PRODUCT, ATTENTION = 1, 2
-"""Job kinds: rows by a packed weight's panels, one-query attention heads."""
+PRODUCT, ATTENTION, CONV = 1, 2, 3
+"""Job kinds: rows by a packed weight's panels, one-query attention heads, a convolution's
+output rows as per-tap SGEMMs (:meth:`Helpers.conv`)."""
 
 IDLE_CYCLES = 1 << 22
 """Cycles (``readcyclecounter``: about 1.4 ms at 3 GHz) a helper spins with no new job
@@ -147,6 +148,27 @@ def _int_pointer_typing(typingctx: Any, address: Any) -> Any:
     return pointer(types.int64)(types.int64), codegen
 
 
+def _sgemm_typing(
+    typingctx: Any, address: Any, m: Any, n: Any, k: Any, a: Any, lda: Any, b: Any, ldb: Any,
+    c: Any, ldc: Any,
+) -> Any:  # fmt: skip
+    """``C += A @ B`` (row major, no transposes, alpha = beta = 1) by the ILP64 ``cblas_sgemm``
+    at ``address`` (:data:`backends.piper.blas.ADDRESS`), its matrices given by address."""
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        ptr = ir.IntType(8).as_pointer()
+        params = [i32, i32, i32, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
+        function = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), params).as_pointer())
+        m, n, k, a, lda, b, ldb, c, ldc = args[1:]
+        one, enum = ir.Constant(f32, 1.0), (ir.Constant(i32, v) for v in (101, 111, 111))
+        pa, pb, pc = (builder.inttoptr(x, ptr) for x in (a, b, c))
+        builder.call(function, [*enum, m, n, k, one, pa, lda, pb, ldb, one, pc, ldc])
+        return context.get_dummy_value()
+
+    return types.void(*([types.int64] * 10)), codegen
+
+
 def _intrinsic(typing: Callable[..., Any]) -> Callable[..., Any]:
     return cast(Callable[..., Any], intrinsic(typing))
 
@@ -155,6 +177,7 @@ _load, _store = _intrinsic(_load_typing), _intrinsic(_store_typing)
 _add, _swap = _intrinsic(_add_typing), _intrinsic(_swap_typing)
 _pause, _cycles = _intrinsic(_pause_typing), _intrinsic(_cycles_typing)
 _floats, _ints = _intrinsic(_pointer_typing), _intrinsic(_int_pointer_typing)
+_sgemm = _intrinsic(_sgemm_typing)
 
 _PIECES = (1 << 16) - 1
 _GENERATIONS = (1 << 31) - 1
@@ -192,6 +215,8 @@ def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
         part = carray(_ints(a[8]), (board[COUNT], 4))[piece]
         r0, r1 = part[0], part[1]
         kernels.panel_rows(x[r0:r1], panels, bias, out[r0:r1], part[2], part[3])
+    elif board[KIND] == CONV:
+        _conv_rows(a, piece)
     else:
         members, heads, dim, keys = a[1], a[4], a[5], a[6]
         m, h = piece // heads, piece % heads
@@ -202,6 +227,20 @@ def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
         scratch = carray(_floats(a[9]), (members * heads, 2, keys))[piece]
         scale = kernels.float_bits(np.int32(a[7]))
         kernels.attend_head(q[m, h], kt[h], v[h], scale, scratch[0], out[m, h], scratch[1])
+
+
+@kernels.compiled
+def _conv_rows(a: Any, piece: Any) -> None:  # pragma: no cover - compiled
+    """Piece ``piece`` of a convolution job (:func:`_post_conv`): its output rows ``r0:r1``, one
+    SGEMM a tap adding into them, in tap order (the calls :func:`backends.piper.blas.conv_rows`
+    makes without helpers)."""
+    k, c_out, c_in, dilation, n, ldo = a[2], a[3], a[4], a[7], a[9], a[8]
+    part = carray(_ints(a[10]), (a[11], 2))[piece]
+    r0, r1 = part[0], part[1]
+    out = a[6] + 4 * r0 * ldo
+    for j in range(k):
+        taps = a[1] + 4 * (j * c_out + r0) * c_in
+        _sgemm(a[0], r1 - r0, n, c_in, taps, c_in, a[5] + 4 * dilation * j, a[12], out, ldo)
 
 
 @kernels.compiled
@@ -268,7 +307,7 @@ def _master(board: Any) -> None:  # pragma: no cover - compiled
 _IN1, _IN2 = kernels.array_type(1, readonly=True), kernels.array_type(2, readonly=True)
 _I64 = types.int64
 _IN3, _OUT2 = kernels.array_type(3, readonly=True), kernels.array_type(2)
-_OUT3 = kernels.array_type(3)
+_OUT1, _OUT3 = kernels.array_type(1), kernels.array_type(3)
 _PARTS = kernels.array_type(2, types.int64, readonly=True)
 _ADDRESSES = kernels.array_type(1, types.int64, readonly=True)
 
@@ -330,6 +369,46 @@ def _post_attention(
     a[9] = _address(scratch)
     board[KIND] = ATTENTION
     board[COUNT] = q.shape[0] * heads
+    board[LANES] = lanes
+
+
+_CONV = (_BOARD, _IN3, _IN1, _I64, _I64, _I64, _OUT1, _I64, _I64, _PARTS, _I64, _I64)
+
+
+@kernels.kernel(types.void(*_CONV))
+def _post_conv(
+    board: Any,
+    taps: Any,
+    src: Any,
+    lds: Any,
+    start: Any,
+    dilation: Any,
+    out: Any,
+    ldo: Any,
+    n: Any,
+    parts: Any,
+    lanes: Any,
+    sgemm: Any,
+) -> None:  # pragma: no cover - compiled
+    k, c_out, c_in = taps.shape
+    width = start + dilation * (k - 1) + n
+    if start < 0 or dilation < 1 or n < 1 or k < 1 or c_in < 1 or sgemm == 0:
+        raise ValueError("conv: start >= 0, dilation, columns, taps and channels >= 1")
+    if not (kernels.rows_fit(src, lds, c_in, width) and kernels.rows_fit(out, ldo, c_out, n)):
+        raise ValueError("conv: the rows with their strides must fit src and out")
+    if (c_in > 1 and lds < width) or (c_out > 1 and ldo < n) or lds < n or ldo < n:
+        raise ValueError("conv: a row stride shorter than its rows")
+    if parts.shape[1] != 2 or parts.shape[0] > MAX_PIECES:
+        raise ValueError("conv: parts [pieces, 2]")
+    for i in range(parts.shape[0]):
+        if not 0 <= parts[i, 0] < parts[i, 1] <= c_out:
+            raise ValueError("conv: a part outside the output rows")
+    a = board[ARGS:]
+    a[0], a[1], a[2], a[3], a[4] = sgemm, _address(taps), k, c_out, c_in
+    a[5], a[6], a[7], a[8] = _address(src) + 4 * start, _address(out), dilation, ldo
+    a[9], a[10], a[11], a[12] = n, _address(parts), parts.shape[0], lds
+    board[KIND] = CONV
+    board[COUNT] = parts.shape[0]
     board[LANES] = lanes
 
 
@@ -403,6 +482,25 @@ class Helpers:
             _post_attention(board, q, kts, vs, heads, dim, length, bits, out, scratch, lanes)
 
         return self._run(lanes, post)
+
+    def conv(
+        self, taps: np.ndarray, src: np.ndarray, lds: int, start: int, dilation: int,
+        out: np.ndarray, ldo: int, n: int, parts: np.ndarray, lanes: int, sgemm: int,
+    ) -> bool:  # fmt: skip
+        """A convolution's output rows by ``parts`` (rows of (first row, end row), int64), each
+        ``out[r] += sum_j taps[j, r] @ src[:, start + dilation j :][:, :n]`` for ``r`` in its
+        rows by the ILP64 ``cblas_sgemm`` at ``sgemm``, on up to ``lanes`` cores; False (nothing
+        done) when another caller holds the board. ``src`` and ``out`` are flat rows
+        (:func:`backends.kernels.flat_rows`) ``lds`` and ``ldo`` apart, not overlapping each
+        other or ``taps`` [K, C_out, C_in] (the caller checks that:
+        :func:`backends.piper.blas.conv_rows`); the SGEMM must run on one thread (the caller
+        holds the BLAS at one: :func:`backends.parallel.one_thread`)."""
+        return self._run(
+            lanes,
+            lambda board: _post_conv(
+                board, taps, src, lds, start, dilation, out, ldo, n, parts, lanes, sgemm
+            ),
+        )
 
     def _run(self, lanes: int, post: Callable[[np.ndarray], None]) -> bool:
         """Writes a job on the board with ``post`` and runs it with the helpers; False when

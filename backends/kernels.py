@@ -527,7 +527,7 @@ _ROWS = (types.int64, types.int64)
 
 
 @compiled
-def _rows_fit(flat: Any, ld: Any, rows: Any, n: Any) -> Any:  # pragma: no cover - compiled
+def rows_fit(flat: Any, ld: Any, rows: Any, n: Any) -> Any:  # pragma: no cover - compiled
     """Whether ``rows`` rows of ``n`` a row stride ``ld`` apart lie inside ``flat`` without
     overlapping (the row kernels run without bounds checks)."""
     if rows < 0 or n < 0:
@@ -546,7 +546,7 @@ def leaky_rows(
     instead of two: for ``0 <= slope <= 1`` numpy's ``maximum(src, slope * src)`` bit for
     bit (NaN stays NaN, -0.0 stays -0.0) but for +inf at slope 0 (a ReLU: inf here, NaN
     there, from ``0 * inf``)."""
-    if not (_rows_fit(src, lds, rows, n) and _rows_fit(out, ldo, rows, n)):
+    if not (rows_fit(src, lds, rows, n) and rows_fit(out, ldo, rows, n)):
         raise ValueError("leaky_rows: rows x n with their row strides must fit src and out")
     for i in range(rows):
         s = src[i * lds : i * lds + n]
@@ -563,7 +563,7 @@ def leaky_rows_in_place(x: Any, ld: Any, slope: Any, rows: Any, n: Any) -> None:
     (``v * 1`` is ``v``, bit for bit): as a choice between ``v`` and ``slope * v`` the
     store of ``v`` over itself was dropped, and the conditional store that was left kept
     the loop scalar (2.5x slower than numpy's two passes)."""
-    if not _rows_fit(x, ld, rows, n):
+    if not rows_fit(x, ld, rows, n):
         raise ValueError("leaky_rows_in_place: rows x n with their row stride must fit x")
     for i in range(rows):
         r = x[i * ld : i * ld + n]
@@ -580,7 +580,7 @@ def gate_rows(a: Any, lda: Any, b: Any, ldb: Any, rows: Any, n: Any) -> None:  #
     exps as the softmax's (:func:`_exp_le0`): within about 2.4e-7 of numpy's ``tanh``
     formulas (absolute; the results are at most 1 in magnitude); NaN stays NaN. The body
     is written out in the loop: called as a helper, it kept the loop from vectorizing."""
-    if not (_rows_fit(a, lda, rows, n) and _rows_fit(b, ldb, rows, n)):
+    if not (rows_fit(a, lda, rows, n) and rows_fit(b, ldb, rows, n)):
         raise ValueError("gate_rows: rows x n with their row strides must fit a and b")
     for i in range(rows):
         ra = a[i * lda : i * lda + n]

@@ -23,12 +23,14 @@ server/blas.py) as on a machine of ``threads`` cores: a session call alone gets 
 concurrent calls share them. With ``--http`` two ``voxpool serve`` processes (the same
 two configurations; ``threads: "auto"`` under a ``threads``-CPU affinity mask) get the
 same waves over HTTP (multipart uploads, c connections at once; the batched server also
-gets them with ``vad_chunking=true``). BLAS threads for the
+gets them with ``vad_chunking=true``). Every side transcribes the same samples: the
+inputs as a 16-bit WAV upload carries them (the in-process runtimes and the peers get
+them decoded as the server decodes them). BLAS threads for the
 peers: ``cpu_threads``. The table gives median wave seconds and each row's ratio to
 ``fw fp32 batched`` and ``fw int8 batched``; ``same`` says whether the batched
 runtime's texts equal the unbatched one's (not given for ``vad_chunking`` rows: chunked
 texts differ from sequential decoding by design, docs/performance.md, "VAD-chunked long
-audio", and the HTTP waves' audio is quantized to 16-bit WAV).
+audio").
 
 TTS (``--task tts``): a wave is c of ``bench/model_piper.py``'s texts, cycled, on the
 runtime unbatched (2 slots) and batched (c slots), and ``piper-tts serial``
@@ -180,13 +182,26 @@ def _peer_wave(compute_type: str, threads: int, batched: bool) -> Wave:
     return wave_fn
 
 
+def _pcm16(audio: np.ndarray) -> np.ndarray:
+    """The 16-bit samples of ``audio`` as a WAV upload carries them: ``audio * 32768`` rounded
+    (and clipped), so that audio the server decoded (``/ 32768``) is written back as the
+    very same samples."""
+    return np.clip(np.round(np.asarray(audio, np.float64) * 32768.0), -32768, 32767).astype("<i2")
+
+
+def _as_uploaded(audio: np.ndarray) -> np.ndarray:
+    """``audio`` as the server decodes its WAV upload (:func:`server.audio` divides by 32768):
+    what every side of a wave transcribes, so that all of them get the same samples."""
+    return _pcm16(audio).astype(np.float32) / np.float32(32768.0)
+
+
 def _wav(audio: np.ndarray) -> bytes:
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(16000)
-        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+        w.writeframes(_pcm16(audio).tobytes())
     return buf.getvalue()
 
 
@@ -258,7 +273,10 @@ def _measure(waves: dict[str, Wave], audios: list[np.ndarray], repeats: int) -> 
 
 
 def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[dict[str, Any]]:
-    inputs = [audio for _, audio in _whisper_inputs()]
+    # the samples a 16-bit WAV upload carries, for every side: Whisper's transcript (and so
+    # its time) moves with the last bits of the input (story's VAD-chunked decode: 229
+    # tokens in 4.75 s from the float32 file, 241 in 6.3 s from its 16-bit copy)
+    inputs = [_as_uploaded(audio) for _, audio in _whisper_inputs()]
     rows: list[dict[str, Any]] = []
     logs = Path(tempfile.mkdtemp(prefix="voxpool-bench-"))
     with blas_threads(threads):

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from backends import handoff, kernels
+
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
 _SYMBOLS = (
@@ -35,8 +37,9 @@ _SYMBOLS = (
 )
 
 
-def _load() -> Callable[..., Any] | None:
-    """``cblas_sgemm`` of the OpenBLAS bundled with numpy, or None."""
+def _load() -> tuple[Callable[..., Any] | None, int]:
+    """``cblas_sgemm`` of the OpenBLAS bundled with numpy (None: not found) and its address
+    where it takes 64-bit integers (else 0)."""
     root = os.path.dirname(np.__file__)
     paths = sorted(
         glob.glob(os.path.join(root, os.pardir, "numpy.libs", "libscipy_openblas*"))
@@ -55,12 +58,17 @@ def _load() -> Callable[..., Any] | None:
             fn.restype = None
             fn.argtypes = [c_int, c_int, c_int, integer, integer, integer, c_float]
             fn.argtypes += [ptr, integer, ptr, integer, c_float, ptr, integer]
-            return fn  # type: ignore[no-any-return]
-    return None
+            address = ctypes.cast(fn, ctypes.c_void_p).value or 0
+            return fn, address if integer is ctypes.c_int64 else 0
+    return None, 0
 
 
-SGEMM: Callable[..., Any] | None = _load()
+_FOUND = _load()
+SGEMM: Callable[..., Any] | None = _FOUND[0]
 """numpy's ``cblas_sgemm`` (None: not found; use the numpy paths)."""
+ADDRESS: int = _FOUND[1]
+"""The address of :data:`SGEMM` where it takes 64-bit integers (numpy's wheels), for compiled
+callers (:meth:`backends.handoff.Helpers.conv`); 0 otherwise."""
 
 
 def available() -> bool:
@@ -77,8 +85,48 @@ def conv_taps(
     float32 with unit column stride (any row stride), ``out`` not overlapping
     ``src`` or ``taps``. One SGEMM per tap, each adding into ``out``.
     """
-    sgemm = SGEMM
-    if sgemm is None:
+    _check(out, taps, src, start, dilation)
+    if out.shape[1] and out.shape[0]:
+        _gemms(out, taps, src, start, dilation, 0, out.shape[0])
+
+
+def conv_rows(
+    out: np.ndarray,
+    taps: np.ndarray,
+    src: np.ndarray,
+    start: int,
+    dilation: int,
+    parts: np.ndarray,
+    lanes: int,
+) -> None:
+    """:func:`conv_taps` as pieces of output rows, ``parts`` [pieces, 2] int64 (first row, end
+    row; together every row once), on up to ``lanes`` cores.
+
+    A piece is its rows' SGEMMs, one a tap in tap order, whichever thread runs it, so the
+    result is the same bits on one core or several. With more than one lane they go to
+    :data:`backends.handoff.HELPERS` (a hand-over of about a microsecond: products of a
+    sentence's phonemes, a few hundred microseconds each, are too short for a thread
+    pool); the caller holds the BLAS at one thread (:func:`backends.parallel.one_thread`).
+    Otherwise, or when the helpers are busy, the pieces run one after another here.
+    """
+    _check(out, taps, src, start, dilation)
+    n = out.shape[1]
+    if n == 0 or out.shape[0] == 0:
+        return
+    if lanes > 1 and ADDRESS and handoff.usable(lanes):
+        flat_src, lds = kernels.flat_rows(src, writeable=False)
+        flat_out, ldo = kernels.flat_rows(out, writeable=True)
+        if handoff.HELPERS.conv(
+            taps, flat_src, lds, start, dilation, flat_out, ldo, n, parts, lanes, ADDRESS
+        ):
+            return
+    for r0, r1 in parts.tolist():
+        _gemms(out, taps, src, start, dilation, r0, r1)
+
+
+def _check(out: np.ndarray, taps: np.ndarray, src: np.ndarray, start: int, dilation: int) -> None:
+    """Refuses operands :func:`conv_taps` cannot take (ValueError; RuntimeError without BLAS)."""
+    if SGEMM is None:
         raise RuntimeError("conv_taps: numpy's BLAS was not found")
     k, c_out, c_in = taps.shape
     n = out.shape[1]
@@ -101,18 +149,26 @@ def conv_taps(
         raise ValueError("conv_taps: rows overlap")
     if start < 0 or dilation < 1 or start + dilation * (k - 1) + n > src.shape[1]:
         raise ValueError("conv_taps: the taps' windows run outside the source")
-    if n == 0 or c_out == 0:
-        return
-    if np.may_share_memory(out, src) or np.may_share_memory(out, taps):
+    if n and c_out and (np.may_share_memory(out, src) or np.may_share_memory(out, taps)):
         raise ValueError("conv_taps: the output overlaps an input")
+
+
+def _gemms(
+    out: np.ndarray, taps: np.ndarray, src: np.ndarray, start: int, dilation: int, r0: int, r1: int
+) -> None:
+    """Rows ``r0:r1`` of a checked :func:`conv_taps`: one SGEMM a tap, in tap order."""
+    sgemm = SGEMM
+    assert sgemm is not None
+    k, c_out, c_in = taps.shape
+    n = out.shape[1]
     # a one-row operand's row stride is arbitrary; BLAS wants it at least a row long
     lds = src.strides[0] // 4 if c_in > 1 else src.shape[1]
     ldo = out.strides[0] // 4 if c_out > 1 else n
     p_src = src.ctypes.data + 4 * start
-    p_taps, p_out = taps.ctypes.data, out.ctypes.data
+    p_taps, p_out = taps.ctypes.data + 4 * r0 * c_in, out.ctypes.data + 4 * r0 * ldo
     step = 4 * c_out * c_in
     for j in range(k):
         sgemm(
-            _ROW_MAJOR, _NO_TRANS, _NO_TRANS, c_out, n, c_in, 1.0,
+            _ROW_MAJOR, _NO_TRANS, _NO_TRANS, r1 - r0, n, c_in, 1.0,
             p_taps + j * step, c_in, p_src + 4 * dilation * j, lds, 1.0, p_out, ldo,
         )  # fmt: skip

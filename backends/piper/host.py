@@ -79,6 +79,10 @@ class ConvWeights:
     winograd: winograd.Filters | None = None
     """The taps transformed for Winograd's minimal filtering, where it applies
     (:func:`backends.piper.winograd.prepare`): :func:`add_conv` then uses them."""
+    rows: np.ndarray | None = None
+    """Where the conv's per-tap GEMMs are cut into pieces of output rows (int64 [pieces, 2]:
+    first row, end row) that :func:`add_conv` hands to the caller's lanes
+    (:func:`blas.conv_rows`); None: one piece."""
 
     @property
     def kernel(self) -> int:
@@ -102,16 +106,40 @@ class ConvWeights:
 
 
 def prepare(
-    w: np.ndarray, b: np.ndarray | None, dilation: int = 1, fewer_products: bool = True
+    w: np.ndarray,
+    b: np.ndarray | None,
+    dilation: int = 1,
+    fewer_products: bool = True,
+    row_pieces: bool = False,
 ) -> ConvWeights:
     """Conv1d weights ``[C_out, C_in, K]`` and bias as :class:`ConvWeights`, with Winograd's
-    filters where :func:`winograd.prepare` takes the conv and ``fewer_products``."""
+    filters where :func:`winograd.prepare` takes the conv and ``fewer_products``, else, with
+    ``row_pieces``, its output rows in two pieces (:func:`_row_pieces`)."""
     c_out = w.shape[0]
     bias = np.zeros(c_out, np.float32) if b is None else np.asarray(b, np.float32).reshape(-1)
     taps = np.ascontiguousarray(np.asarray(w, np.float32).transpose(2, 0, 1))
     bias2 = np.ascontiguousarray(bias.reshape(c_out, 1))
     filters = winograd.prepare(taps, dilation) if fewer_products else None
-    return ConvWeights(taps, bias2, dilation, filters)
+    rows = _row_pieces(c_out) if row_pieces and filters is None else None
+    return ConvWeights(taps, bias2, dilation, filters, rows)
+
+
+ROW_PIECE = 16
+"""Output rows of a piece are a multiple of this (OpenBLAS's SGEMM kernels take rows in
+blocks of 16 on AVX2: a cut inside a block would give both pieces a short edge block)."""
+
+
+def _row_pieces(c_out: int) -> np.ndarray | None:
+    """Two pieces of about half the rows each (a multiple of :data:`ROW_PIECE`), or None when
+    there are too few rows for two. Two whatever the cores: the pieces fix the GEMMs, so
+    the bits do not depend on the share (on one core they run one after the other, at
+    1.00-1.08 of the whole conv's time for the text encoder's convs at 60 to 250 columns)."""
+    half = ROW_PIECE * round(c_out / (2 * ROW_PIECE))
+    if not 0 < half < c_out:
+        return None
+    parts = np.array([[0, half], [half, c_out]], np.int64)
+    parts.setflags(write=False)
+    return parts
 
 
 USE_WINOGRAD = True
@@ -119,13 +147,16 @@ USE_WINOGRAD = True
 per-tap GEMMs; for comparisons)."""
 
 
-def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int) -> None:
+def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int, lanes: int = 1) -> None:
     """``out += conv(src)`` without bias over ``out``'s ``n`` columns, the conv's window on
     ``src`` starting at column ``start`` (``n + dilation * (K - 1)`` columns): Winograd's
     products where the conv has them (:mod:`backends.piper.winograd`), else one GEMM per
-    tap (:func:`blas.conv_taps`)."""
+    tap (:func:`blas.conv_taps`), by pieces of output rows on up to ``lanes`` cores where
+    the conv has them (:attr:`ConvWeights.rows`, :func:`blas.conv_rows`)."""
     if cw.winograd is not None and USE_WINOGRAD:
         winograd.conv_add(out, cw.winograd, src, start)
+    elif cw.rows is not None:
+        blas.conv_rows(out, cw.taps, src, start, cw.dilation, cw.rows, lanes)
     else:
         blas.conv_taps(out, cw.taps, src, start, cw.dilation)
 
@@ -200,6 +231,7 @@ def conv_same(
     scale: float | None = None,
     post_slope: float | None = None,
     gaps: Gaps = (),
+    lanes: int = 1,
 ) -> None:
     """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
 
@@ -214,7 +246,8 @@ def conv_same(
     ``out`` must not overlap ``x``. ``gaps`` (a packed batch, :func:`zero_gaps`) are
     zeroed in ``x`` first. With numpy's BLAS at hand the conv is a sum of per-tap
     GEMMs adding into the output tile (:func:`blas.conv_taps`: no im2col copy, bias
-    and residual written first); else one im2col GEMM per tile.
+    and residual written first; a conv prepared with row pieces has each tile's GEMMs
+    on up to ``lanes`` cores, :func:`add_conv`); else one im2col GEMM per tile.
     """
     if not use_taps():
         _conv_same_im2col(
@@ -245,7 +278,7 @@ def conv_same(
                 o += cw.bias
             else:
                 o[...] = cw.bias
-            add_conv(o, cw, a, 0)
+            add_conv(o, cw, a, 0, lanes)
             if s is not None:
                 o *= s
             if post_slope is not None:
@@ -414,6 +447,7 @@ def _conv_same_im2col(
     scale: float | None = None,
     post_slope: float | None = None,
     gaps: Gaps = (),
+    lanes: int = 1,
 ) -> None:
     """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
 

@@ -170,9 +170,10 @@ class PiperModel:
             raise FrameLimitError(t, max_frames)
         dp_noise = rng.standard_normal((1, 2, t), dtype=np.float32) * np.float32(item.noise_w)
         prepared = self._on_host(be)
+        lanes = parallel.SHARE.share()  # read outside the block, where it is 1
         with _small_products(be):
             if prepared is not None:
-                x, m, logs = encode_host(prepared.convs, w, h, ids)
+                x, m, logs = encode_host(prepared.convs, w, h, ids, lanes)
             else:
                 x, m, logs = encode(be, w, h, ids)
             logw = log_durations(be, w, h, x, dp_noise)
@@ -254,7 +255,9 @@ def _small_products(be: ArrayBackend) -> Iterator[None]:
     and lose much when a sleeping BLAS thread's core is busy (short sentence, two
     threads, one other job: encoder 157 ms against 36 on one thread), and tiles handed
     to the cores cost more than they save (see :func:`backends.parallel.sequential`).
-    Elsewhere nothing changes."""
+    Only the text encoder's convs take the caller's other cores, by pieces of output
+    rows handed to spinning helpers (:func:`backends.piper.blas.conv_rows`: a late core
+    takes no piece instead of holding the others up). Elsewhere nothing changes."""
     if not host.is_host(be):
         yield
         return

@@ -107,18 +107,21 @@ def prepare_encoder(w: Weights, h: Hyper) -> dict[str, host.ConvWeights]:
         bs = [np.asarray(w[f"{p}.conv_{n}.bias"], np.float64) for n in "qkv"]
         ws[0], bs[0] = ws[0] * scale, bs[0] * scale
         out[f"{p}.conv_qkv"] = host.prepare(
-            np.concatenate(ws).astype(np.float32), np.concatenate(bs).astype(np.float32)
+            np.concatenate(ws).astype(np.float32),
+            np.concatenate(bs).astype(np.float32),
+            row_pieces=True,
         )
         names = [f"{p}.conv_o"] + [f"enc_p.encoder.ffn_layers.{i}.conv_{n}" for n in (1, 2)]
         for name in names:
             weight, bias = w[f"{name}.weight"], w.get(f"{name}.bias")
-            out[name] = host.prepare(weight, bias, fewer_products=False)
-    out["enc_p.proj"] = host.prepare(w["enc_p.proj.weight"], w.get("enc_p.proj.bias"))
+            out[name] = host.prepare(weight, bias, fewer_products=False, row_pieces=True)
+    proj = w["enc_p.proj.weight"], w.get("enc_p.proj.bias")
+    out["enc_p.proj"] = host.prepare(*proj, fewer_products=False, row_pieces=True)
     return out
 
 
 def encode_host(
-    prep: Mapping[str, host.ConvWeights], w: Weights, h: Hyper, ids: np.ndarray
+    prep: Mapping[str, host.ConvWeights], w: Weights, h: Hyper, ids: np.ndarray, lanes: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`encode` on host arrays with fused convs: ids [T] -> (x, m, logs), each [1, C, T].
 
@@ -126,9 +129,11 @@ def encode_host(
     residual and ReLU fused); Q, K and V are one product; each head's
     relative-position terms are computed only on the ``2 window + 1`` diagonals they
     reach (:func:`_attend`) instead of as skewed ``[T, 2T - 1]`` matrices. The caller
-    says where it runs (:class:`backends.piper.model.PiperModel` keeps it on one core).
-    Values equal :func:`encode`'s up to float32 summation order and Q's scaling folded
-    into its weights.
+    says where it runs (:class:`backends.piper.model.PiperModel` keeps it on one core and
+    one BLAS thread) and on how many cores its convs' GEMMs may run, ``lanes`` (each
+    conv's output rows in two fixed pieces, :func:`host.add_conv`: the same bits on one
+    core or more). Values equal :func:`encode`'s up to float32 summation order and Q's
+    scaling folded into its weights.
     """
     t, c = int(ids.shape[0]), h.hidden
     emb = np.asarray(w["enc_p.emb.weight"], np.float32)
@@ -138,17 +143,19 @@ def encode_host(
     inner = np.empty((h.filter, t), np.float32)
     for i in range(h.n_layers):
         p = f"enc_p.encoder.attn_layers.{i}"
-        host.conv_same(x, prep[f"{p}.conv_qkv"], qkv)
+        host.conv_same(x, prep[f"{p}.conv_qkv"], qkv, lanes=lanes)
         rel_k = np.asarray(w[f"{p}.emb_rel_k"], np.float32)[0]
         rel_v = np.asarray(w[f"{p}.emb_rel_v"], np.float32)[0]
         for head in range(h.n_heads):
             _attend(qkv, head, h.n_heads, rel_k, rel_v, heads)
-        x = _add_and_norm(prep[f"{p}.conv_o"], heads, x, w, f"enc_p.encoder.norm_layers_1.{i}")
+        norm = f"enc_p.encoder.norm_layers_1.{i}"
+        x = _add_and_norm(prep[f"{p}.conv_o"], heads, x, w, norm, lanes)
         f = f"enc_p.encoder.ffn_layers.{i}"
-        host.conv_same(x, prep[f"{f}.conv_1"], inner, post_slope=0.0)  # ReLU: slope 0
-        x = _add_and_norm(prep[f"{f}.conv_2"], inner, x, w, f"enc_p.encoder.norm_layers_2.{i}")
+        host.conv_same(x, prep[f"{f}.conv_1"], inner, post_slope=0.0, lanes=lanes)  # ReLU
+        norm = f"enc_p.encoder.norm_layers_2.{i}"
+        x = _add_and_norm(prep[f"{f}.conv_2"], inner, x, w, norm, lanes)
     stats = np.empty((2 * h.inter, t), np.float32)
-    host.conv_same(x, prep["enc_p.proj"], stats)
+    host.conv_same(x, prep["enc_p.proj"], stats, lanes=lanes)
     return x[None], stats[None, : h.inter], stats[None, h.inter :]
 
 
@@ -157,11 +164,12 @@ _HOST = NumpyBackend()
 
 
 def _add_and_norm(
-    cw: host.ConvWeights, src: np.ndarray, x: np.ndarray, w: Weights, norm: str
+    cw: host.ConvWeights, src: np.ndarray, x: np.ndarray, w: Weights, norm: str, lanes: int
 ) -> np.ndarray:
-    """``channel_norm(x + conv(src))`` as a new C-contiguous [C, T] array."""
+    """``channel_norm(x + conv(src))`` as a new C-contiguous [C, T] array (the conv's GEMMs on
+    up to ``lanes`` cores)."""
     y = x.copy()
-    host.conv_same(src, cw, y, add_to=True)
+    host.conv_same(src, cw, y, add_to=True, lanes=lanes)
     return np.ascontiguousarray(channel_norm(_HOST, w, norm, y[None])[0])
 
 

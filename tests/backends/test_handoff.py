@@ -253,3 +253,139 @@ def test_the_job_generation_wraps_without_losing_a_job(helpers: handoff.Helpers)
         assert helpers.product(x, p.panels, p.zero_bias, got, parts, 2)
         assert got.tobytes() == want.tobytes()
         assert int(helpers._board[handoff.WORD]) >> 32 == generation
+
+
+def _sgemm_or_skip() -> int:
+    from backends.piper import blas
+
+    if not blas.ADDRESS:
+        pytest.skip("numpy's ILP64 cblas_sgemm not found: convolutions do not go to the helpers")
+    return blas.ADDRESS
+
+
+def _row_cuts(rows: int, cuts: int) -> np.ndarray:
+    r = sorted({0, rows, *(rows * i // cuts for i in range(cuts))})
+    return np.array(list(itertools.pairwise(r)), np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    k=st.integers(1, 4),
+    c_out=st.integers(1, 40),
+    c_in=st.integers(1, 12),
+    n=st.integers(1, 30),
+    dilation=st.integers(1, 3),
+    start=st.integers(0, 3),
+    cuts=st.integers(1, 4),
+    lanes=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_a_convolution_in_row_pieces_has_the_bits_of_its_pieces_run_in_order(
+    k: int, c_out: int, c_in: int, n: int, dilation: int, start: int, cuts: int, lanes: int,
+    seed: int,
+) -> None:  # fmt: skip
+    """Whatever the row pieces and however many helpers take them, every output row is what
+    the same pieces' SGEMMs write run one after another (``blas.conv_rows`` on one lane), the
+    convolution's value, over strided rows, and nothing outside the output is touched."""
+    from backends import parallel
+    from backends.piper import blas
+
+    sgemm = _sgemm_or_skip()
+    rng = np.random.default_rng(seed)
+    taps = rng.standard_normal((k, c_out, c_in)).astype(np.float32)
+    width = start + dilation * (k - 1) + n
+    src = rng.standard_normal((c_in, width + 5)).astype(np.float32)[:, : width + 2]
+    start_values = rng.standard_normal((c_out, n)).astype(np.float32)
+    parts = _row_cuts(c_out, cuts)
+    padded = np.full((c_out + 2, n + 7), np.nan, np.float32)
+    got = padded[1:-1, 3 : 3 + n]
+    got[...] = start_values
+    want = start_values.copy()
+    with parallel.one_thread():
+        blas.conv_rows(want, taps, src, start, dilation, parts, 1)
+        flat_src, lds = kernels.flat_rows(src, writeable=False)
+        flat_out, ldo = kernels.flat_rows(got, writeable=True)
+        ran = handoff.HELPERS.conv(
+            taps, flat_src, lds, start, dilation, flat_out, ldo, n, parts, lanes, sgemm
+        )
+    assert ran
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+    reference = start_values.astype(np.float64)
+    for j in range(k):
+        s0 = start + dilation * j
+        reference += taps[j].astype(np.float64) @ src[:, s0 : s0 + n].astype(np.float64)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-4)
+    assert np.isnan(padded[0]).all() and np.isnan(padded[-1]).all()
+    assert np.isnan(padded[1:-1, :3]).all() and np.isnan(padded[1:-1, 3 + n :]).all()
+
+
+def test_a_convolution_job_goes_to_its_helpers() -> None:
+    """With two lanes one helper starts and, spinning, takes pieces of later jobs (observed
+    by its count of pieces, not by time); the values are the pieces' run in order."""
+    from backends import parallel
+    from backends.piper import blas
+
+    sgemm = _sgemm_or_skip()
+    rng = np.random.default_rng(12)
+    taps = rng.standard_normal((3, 64, 32)).astype(np.float32)
+    src = rng.standard_normal((32, 402)).astype(np.float32)
+    parts = _row_cuts(64, 8)
+    flat_src, lds = kernels.flat_rows(src, writeable=False)
+    h = handoff.Helpers(idle_cycles=1 << 62)
+
+    def job() -> np.ndarray:
+        out = np.zeros((64, 400), np.float32)
+        flat_out, ldo = kernels.flat_rows(out, writeable=True)
+        assert h.conv(taps, flat_src, lds, 0, 1, flat_out, ldo, 400, parts, 2, sgemm)
+        return out
+
+    try:
+        with parallel.one_thread():
+            want = np.zeros((64, 400), np.float32)
+            blas.conv_rows(want, taps, src, 0, 1, parts, 1)
+            assert job().tobytes() == want.tobytes()
+            assert h.started == 1
+            _wait_until(lambda: h.awake == 1, "the helper to spin")
+            _wait_until(
+                lambda: job().tobytes() == want.tobytes() and h.taken[0] > 0,
+                "the spinning helper to take a piece",
+            )
+    finally:
+        h.close()
+
+
+def test_convolution_operands_that_do_not_fit_are_refused_before_any_piece(
+    helpers: handoff.Helpers,
+) -> None:
+    sgemm = _sgemm_or_skip()
+    taps = np.ones((3, 4, 2), np.float32)
+    src = np.ones((2, 20), np.float32)
+    out = np.full((4, 10), np.nan, np.float32)
+    flat_src, lds = kernels.flat_rows(src, writeable=False)
+    flat_out, ldo = kernels.flat_rows(out, writeable=True)
+    whole = np.array([(0, 4)], np.int64)
+
+    def conv(**change: object) -> bool:
+        args: dict[str, object] = {
+            "taps": taps, "src": flat_src, "lds": lds, "start": 0, "dilation": 1,
+            "out": flat_out, "ldo": ldo, "n": 10, "parts": whole, "lanes": 2, "sgemm": sgemm,
+        }  # fmt: skip
+        args.update(change)
+        return helpers.conv(**args)  # type: ignore[arg-type]
+
+    for parts in ([(0, 5)], [(2, 2)], [(-1, 2)], [(3, 1)]):
+        with pytest.raises(ValueError, match="part"):
+            conv(parts=np.array(parts, np.int64))
+    with pytest.raises(ValueError, match="fit"):
+        conv(start=9)  # 9 + 2 + 10 > 20 columns
+    with pytest.raises(ValueError, match="fit"):
+        conv(n=11)  # more columns than out's rows hold
+    with pytest.raises(ValueError, match="fit"):
+        conv(taps=np.ones((3, 5, 2), np.float32))  # five output rows in out's four
+    with pytest.raises(ValueError, match="stride"):
+        conv(lds=10)  # rows of src overlap
+    with pytest.raises(ValueError, match=">= 1"):
+        conv(dilation=0)
+    with pytest.raises(ValueError, match=">= 1"):
+        conv(sgemm=0)
+    assert np.isnan(out).all()

@@ -522,3 +522,56 @@ def test_piper_flow_without_numpys_blas_keeps_the_conv_by_conv_path(
     out = np.empty_like(z)
     with pytest.raises(ValueError, match="kernel-1"):
         flow._CouplingTiles(wide, h, "flow.flows.0", z, out, (), 64)
+
+
+def test_conv_rows_gives_the_bits_of_its_pieces_on_one_core_or_two() -> None:
+    """blas.conv_rows: the pieces' SGEMMs (on one lane, in order; on two, through the helpers
+    where they run) write the same bits, the convolution's value, over strided rows."""
+    from backends import parallel
+    from backends.piper import blas
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found")
+    rng = np.random.default_rng(7)
+    for c_in, c_out, k, d, n, cut in ((192, 768, 3, 1, 57, 384), (7, 33, 2, 3, 20, 16)):
+        src = rng.standard_normal((c_in, 200), dtype=np.float32)
+        taps = rng.standard_normal((k, c_out, c_in), dtype=np.float32)
+        parts = np.array([(0, cut), (cut, c_out)], np.int64)
+        start = rng.standard_normal((c_out, n), dtype=np.float32)
+        got = {}
+        with parallel.one_thread():
+            for lanes in (1, 2):
+                big = np.zeros((c_out, n + 9), np.float32)
+                big[:, 4 : 4 + n] = start
+                blas.conv_rows(big[:, 4 : 4 + n], taps, src, 3, d, parts, lanes)
+                assert not big[:, :4].any() and not big[:, 4 + n :].any()
+                got[lanes] = big[:, 4 : 4 + n].copy()
+        assert got[1].tobytes() == got[2].tobytes()
+        want = start.astype(np.float64)
+        for j in range(k):
+            want += taps[j].astype(np.float64) @ src[:, 3 + d * j : 3 + d * j + n]
+        np.testing.assert_allclose(got[1], want, atol=TOL, rtol=TOL)
+        with pytest.raises(ValueError, match="outside"):
+            blas.conv_rows(got[1], taps, src, 190, d, parts, 2)  # its checks come first
+
+
+def test_row_pieces_are_two_halves_in_blocks_of_sixteen_rows() -> None:
+    """host.prepare(row_pieces=True): two pieces covering every output row once, cut at a
+    multiple of 16 rows; none for convs too narrow for two, or with Winograd's filters."""
+    from backends.piper import host
+
+    rng = np.random.default_rng(8)
+    for c_out, cut in ((768, 384), (576, 288), (192, 96), (200, 96), (40, 16), (33, 16)):
+        cw = host.prepare(rng.standard_normal((c_out, 4, 3), dtype=np.float32), None,
+                          fewer_products=False, row_pieces=True)  # fmt: skip
+        assert cw.rows is not None and cw.rows.tolist() == [[0, cut], [cut, c_out]]
+        assert not cw.rows.flags.writeable
+    for c_out in (1, 8, 16):
+        cw = host.prepare(rng.standard_normal((c_out, 4, 3), dtype=np.float32), None,
+                          fewer_products=False, row_pieces=True)  # fmt: skip
+        assert cw.rows is None
+    assert host.prepare(rng.standard_normal((64, 4, 3), dtype=np.float32), None).rows is None
+    winograd = host.prepare(
+        rng.standard_normal((384, 192, 5), dtype=np.float32), None, row_pieces=True
+    )
+    assert winograd.winograd is not None and winograd.rows is None

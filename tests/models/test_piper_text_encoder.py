@@ -131,36 +131,49 @@ def test_the_model_encodes_on_the_fast_path_on_one_core(
 ) -> None:
     """PiperModel on the numpy backend runs encode_host, never the backend-op encoder, with
     no split over the cores whatever the share (inside it a split runs in order) and the
-    BLAS held at one thread: the encoder's bits are the same at every share."""
+    BLAS held at one thread; only its convs' row pieces get the caller's share as lanes
+    (the helpers): the encoder's bits are the same at every share."""
     from backends.piper import host
 
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, object]] = []
     outputs: list[tuple[np.ndarray, ...]] = []
     real_host = text_encoder.encode_host
 
     def spy(*args: object) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         blas = parallel.SHARE._control()
-        seen.append((parallel.SHARE.share(), 0 if blas is None else blas.num_threads))
+        threads = 0 if blas is None else blas.num_threads
+        seen.append((parallel.SHARE.share(), threads, args[4]))
         outputs.append(real_host(*args))  # type: ignore[arg-type]
         return outputs[-1]  # type: ignore[return-value]
 
     monkeypatch.setattr(piper_model, "encode_host", spy)
     monkeypatch.setattr(piper_model, "encode", lambda *a: pytest.fail("backend-op encoder"))
     ids = np.random.default_rng(7).integers(0, model.hyper.n_vocab, 300)  # several tiles
-    real_share = parallel.CoreShare.share
+    share_now = parallel.SHARE
     for share in (3, 1):
         monkeypatch.setattr(
-            parallel.CoreShare, "share", lambda self, n=share: 1 if self.in_piece() else n
-        )
+            share_now, "share", lambda n=share: 1 if share_now.in_piece() else n
+        )  # the process's share object, as the other tests patch it
         model._latent(
             BE, piper_model.SynthesisInput(ids, 0.667, 1.0, 0.0, np.random.default_rng(0))
         )
-    monkeypatch.setattr(parallel.CoreShare, "share", real_share)
-    assert [s for s, _ in seen] == [1, 1]
-    assert all(threads in (0, 1) for _, threads in seen)
+    monkeypatch.undo()
+    assert [(s, lanes) for s, _, lanes in seen] == [(1, 3), (1, 1)]
+    assert all(threads in (0, 1) for _, threads, _ in seen)
     assert host.is_host(BE)
     for a, b in zip(*outputs, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_every_encoder_conv_has_two_row_pieces(model: PiperModel) -> None:
+    """The text encoder's convs (QKV, output, FFN, stats) are prepared in two row pieces for
+    the caller's lanes (:func:`backends.piper.host.add_conv`); the flow's and decoder's not."""
+    assert model.prepared is not None
+    for name, cw in model.prepared.convs.items():
+        if name.startswith("enc_p."):
+            assert cw.rows is not None and cw.rows.shape == (2, 2), name
+        else:
+            assert cw.rows is None, name
 
 
 def test_the_ffn_convs_keep_per_tap_products(model: PiperModel) -> None:
