@@ -34,6 +34,7 @@ core (:data:`backends.parallel.SHARE`).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import platform
 import threading
@@ -49,13 +50,13 @@ from numba.np.numpy_support import carray as _carray
 from backends import kernels
 
 BOARD_WORDS = 64
-WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN = 0, 8, 16, 24, 32, 33, 34, 56
+WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN, YIELD = 0, 8, 16, 24, 32, 33, 34, 56, 60
 """Board slots (int64): the claim word (generation << 32 | pieces << 16 | next piece) and
 the finished pieces' count each on its own cache line, from :data:`AWAKE` one flag a
 helper (1 while it spins), the stop flag,
 then the job: its kind, its piece count, its lanes (helpers ``0 .. lanes - 2`` take part)
 and its arguments (:data:`ARGS` on); from :data:`TAKEN` the pieces each helper took (all
-jobs)."""
+jobs); at :data:`YIELD` the address of the C library's ``sched_yield`` (0: none)."""
 ARGS = 35
 PRODUCT, ATTENTION, CONV = 1, 2, 3
 """Job kinds: rows by a packed weight's panels, one-query attention heads, a convolution's
@@ -124,6 +125,15 @@ def _pause_typing(typingctx: Any) -> Any:
     return types.void(), codegen
 
 
+def _call_typing(typingctx: Any, address: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        function = ir.FunctionType(ir.IntType(32), [])
+        builder.call(builder.inttoptr(args[0], function.as_pointer()), [])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
 def _cycles_typing(typingctx: Any) -> Any:
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         counter = ir.FunctionType(ir.IntType(64), [])
@@ -178,6 +188,14 @@ _add, _swap = _intrinsic(_add_typing), _intrinsic(_swap_typing)
 _pause, _cycles = _intrinsic(_pause_typing), _intrinsic(_cycles_typing)
 _floats, _ints = _intrinsic(_pointer_typing), _intrinsic(_int_pointer_typing)
 _sgemm = _intrinsic(_sgemm_typing)
+_call = _intrinsic(_call_typing)
+
+YIELD_EVERY = 1 << 10
+"""Spins (``pause``) between two ``sched_yield`` calls of a waiting thread, about 20-50 us:
+on an idle core the call returns at once (about a microsecond); on a core that other
+runnable threads share, it lets them run instead of the spin (a helper spinning between
+jobs, or a caller waiting for a helper's piece, would otherwise take its time slice
+from the caller's own work or from the helper it waits for)."""
 
 _PIECES = (1 << 16) - 1
 _GENERATIONS = (1 << 31) - 1
@@ -244,6 +262,17 @@ def _conv_rows(a: Any, piece: Any) -> None:  # pragma: no cover - compiled
 
 
 @kernels.compiled
+def _wait(board: Any, spins: Any) -> Any:  # pragma: no cover - compiled
+    """One spin of a waiting thread (its ``spins`` so far): ``pause``, and every
+    :data:`YIELD_EVERY` spins ``sched_yield``. Returns the new count."""
+    _pause()
+    spins += 1
+    if spins % YIELD_EVERY == 0 and board[YIELD] != 0:
+        _call(board[YIELD])
+    return spins
+
+
+@kernels.compiled
 def _work(board: Any, generation: Any) -> Any:  # pragma: no cover - compiled
     """Claims and runs pieces of the job ``generation`` until none is left (or the board holds
     another job: then every piece of this one was claimed); returns how many it ran. The
@@ -272,6 +301,7 @@ def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - com
     _store(awake, 1)
     seen = -1
     last = _cycles()
+    spins = 0
     while True:
         generation = _load(_slot(board, WORD)) >> 32
         if generation != seen:
@@ -284,7 +314,7 @@ def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - com
         elif _load(_slot(board, STOP)) != 0 or _cycles() - last > idle:
             break
         else:
-            _pause()
+            spins = _wait(board, spins)
     _store(awake, 0)
 
 
@@ -300,8 +330,9 @@ def _master(board: Any) -> None:  # pragma: no cover - compiled
     _store(_slot(board, WORD), (generation << 32) | (count << 16))
     _work(board, generation)
     done = _slot(board, DONE)
+    spins = 0
     while _load(done) < count:
-        _pause()
+        spins = _wait(board, spins)
 
 
 _IN1, _IN2 = kernels.array_type(1, readonly=True), kernels.array_type(2, readonly=True)
@@ -417,6 +448,7 @@ class Helpers:
 
     def __init__(self, idle_cycles: int = IDLE_CYCLES) -> None:
         self._board = np.zeros(BOARD_WORDS, np.int64)
+        self._board[YIELD] = _sched_yield()
         self._idle = idle_cycles
         self._holder = threading.Lock()  # the caller whose job is on the board
         self._lock = threading.Lock()
@@ -563,6 +595,15 @@ step is unwelcome: the splits then go to :mod:`backends.parallel`'s thread pool)
 def usable(lanes: int) -> bool:
     """Whether a split for ``lanes`` cores goes to the helpers."""
     return ENABLED and lanes > 1
+
+
+def _sched_yield() -> int:
+    """The address of the C library's ``sched_yield`` (0 where it is not found): looked up in
+    the process's own symbols, where the C library Python runs on (glibc, musl) has it."""
+    try:
+        return int(ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0)
+    except (OSError, AttributeError):
+        return 0
 
 
 def _fits(a: np.ndarray) -> bool:

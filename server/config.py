@@ -330,12 +330,22 @@ def parse_model(
     path = raw.get("path", "")
     if not isinstance(path, str) or "\0" in path:
         raise ConfigError(f"{where}path must be a string (without NUL bytes)")
+    if path and entry.path_option is None:
+        raise ConfigError(
+            f"{where}family {family} takes no path: it runs its bundled weights (leave path out)"
+        )
     if path and base_dir is not None and not os.path.isabs(path):
         path = str((base_dir / path).resolve())
     load_options = _load_options(raw, entry, where)
     model_dir = entry.model_dir(path, load_options)
     if model_dir and not os.path.isdir(model_dir):
         raise ConfigError(f"{where}model directory {model_dir!r} does not exist")
+    missing = [f for f in entry.model_files if model_dir and not os.path.isfile(f"{model_dir}/{f}")]
+    if missing:
+        raise ConfigError(
+            f"{where}model directory {model_dir!r} is not a {family} model: "
+            f"it has no {', '.join(missing)}"
+        )
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)

@@ -110,6 +110,7 @@ def conv_rows(
     Otherwise, or when the helpers are busy, the pieces run one after another here.
     """
     _check(out, taps, src, start, dilation)
+    _check_parts(parts, out.shape[0])
     n = out.shape[1]
     if n == 0 or out.shape[0] == 0:
         return
@@ -122,6 +123,22 @@ def conv_rows(
             return
     for r0, r1 in parts.tolist():
         _gemms(out, taps, src, start, dilation, r0, r1)
+
+
+def _check_parts(parts: np.ndarray, rows: int) -> None:
+    """Refuses ``parts`` that are not int64 [pieces, 2] ranges covering ``0:rows`` in order,
+    each row once (ValueError)."""
+    if parts.dtype != np.int64 or parts.ndim != 2 or parts.shape[1] != 2:
+        raise ValueError("conv_rows: parts must be int64 [pieces, 2]")
+    at = 0
+    for r0, r1 in parts.tolist():
+        if r0 != at or r1 <= r0:
+            break
+        at = r1
+    else:
+        if at == rows:
+            return
+    raise ValueError(f"conv_rows: parts must cover the {rows} output rows in order, each once")
 
 
 def _check(out: np.ndarray, taps: np.ndarray, src: np.ndarray, start: int, dilation: int) -> None:

@@ -213,6 +213,9 @@ class Family:
     load_options: LoadOptions = attrs.field(factory=dict)
     mode_option: bool = False
     path_option: str | None = None
+    model_files: tuple[str, ...] = ()
+    """Files a model directory (its ``path`` or ``path_option``) must hold: one without them
+    is refused when the model is configured or loaded, not registered to fail later."""
     voices: tuple[str, ...] = ()
     embedded: Mapping[str, Any] | None = None
     limit_error: Callable[[], type[Exception]] | None = None

@@ -67,8 +67,12 @@ class TtsAdapter:
 
         merged: dict[str, Any] = {**defaults, **{k: v for k, v in body.items() if v is not None}}
         text = merged.get("input", merged.get("text"))
-        if not isinstance(text, str) or not text.strip():
-            raise bad("'input' is required (non-empty text to speak)")
+        if text is None:
+            raise bad("'input' is required (non-empty text to speak; 'text' is accepted too)")
+        if not isinstance(text, str):
+            raise bad(f"'input' must be a string (the text to speak), not {type(text).__name__}")
+        if not text.strip():
+            raise bad("'input' must be non-empty text to speak (it is empty or only whitespace)")
         if "\0" in text:  # espeak takes C strings
             raise bad("'input' must not contain NUL characters")
         if len(text) > config.max_input_chars:

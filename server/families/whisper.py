@@ -124,6 +124,7 @@ ENTRY = Family(
     adapter=adapter,
     load_options={"model_dir": None},
     path_option="model_dir",
+    model_files=("model.bin", "tokenizer.json"),  # CTranslate2's weights, Whisper's vocabulary
     embedded={},
     plan=WhisperPlan,
     weights=weights,

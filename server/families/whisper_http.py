@@ -90,10 +90,15 @@ class AsrAdapter(ServesEveryMode):
 
     @staticmethod
     def segment_json(seg: Any) -> dict[str, Any]:
+        """A segment in OpenAI's shape (less ``id``, its place in the result: :meth:`json`) and
+        voxpool's sample offsets: ``seek`` is its 30 s window's start in 10 ms mel frames,
+        ``tokens`` its token ids (timestamp tokens included), as Whisper defines them."""
         return {
+            "seek": int(seg.seek),
             "start": round(float(seg.start), 3),
             "end": round(float(seg.end), 3),
             "text": seg.text,
+            "tokens": [int(t) for t in seg.tokens],
             "start_sample": round(seg.start * 16000),
             "end_sample": round(seg.end * 16000),
             "avg_logprob": float(seg.avg_logprob),
@@ -116,7 +121,7 @@ class AsrAdapter(ServesEveryMode):
             "text": result.text,
             "language": "en",
             "duration": round(float(result.duration), 3),
-            "segments": [self.segment_json(s) for s in result.segments],
+            "segments": [{"id": i, **self.segment_json(s)} for i, s in enumerate(result.segments)],
         }
         if any(s.words is not None for s in result.segments):
             out["words"] = [self.word_json(w) for s in result.segments for w in s.words or ()]

@@ -69,7 +69,9 @@ class Observe:
     method, path, status, duration, model (scope state ``model``, set by the
     routes) and id; also as the record's attributes of those names, for
     structured handlers. Status polls (:data:`QUIET`) log at debug, the rest at
-    info; 499 is a client that went away before any response started.
+    info; 499 is a client that went away before any response started. A response
+    cut short by a client error after its headers (:data:`errors.CUT_STATUS`)
+    is recorded with that error's status, not the 200 it started with.
 
     A WebSocket is logged as a ``GET`` when it ends: its status is 101 once
     accepted (the handshake's HTTP answer otherwise: a refusal's 4xx/503), and
@@ -133,6 +135,7 @@ class Observe:
             if websocket and status == 101 and ws_close is None:
                 ws_close = 1006  # accepted, then lost without a close (e.g. aborted on a deadline)
             seconds = time.perf_counter() - t0
+            status = scope.get("state", {}).get(errors.CUT_STATUS, status)
             model = scope.get("state", {}).get("model", "-")
             path = scope.get("path", "")
             self.state.metrics.request_seconds.labels(model, path, str(status)).observe(seconds)
@@ -265,6 +268,7 @@ def build_app(state: ServerState) -> ASGIApp:
         Route("/v1/models", routes_models.models, methods=["GET"]),
         Route("/v1/models/load", routes_models.load, methods=["POST"]),
         Route("/v1/models/unload", routes_models.unload, methods=["POST"]),
+        Route("/v1/models/{id}", routes_models.model, methods=["GET"]),
         Route("/v1/tasks/unload_models", routes_models.unload_models, methods=["POST"]),
         Route("/v1/tasks/unload_all_models", routes_models.unload_all, methods=["POST"]),
         Route("/v1/audio/speech", routes_audio.speech, methods=["POST"]),

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -204,10 +205,37 @@ def is_multipart(request: Request) -> bool:
     return request.headers.get("content-type", "").lower().startswith("multipart/form-data")
 
 
+def check_json_or_multipart(request: Request) -> None:
+    """400 unless the body's ``Content-Type`` is one an audio route reads: multipart/form-data
+    or JSON (``application/json``, or no ``Content-Type`` at all, read as JSON)."""
+    given = request.headers.get("content-type", "")
+    media = given.split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not is_multipart(request):
+        raise bad(
+            f"Content-Type {show(given)} is not accepted here; send multipart/form-data "
+            "(a 'file' part) or application/json"
+        )
+
+
+class _Multipart(MultiPartParser):
+    """Starlette's multipart parser, noting whether the closing boundary arrived:
+    python-multipart does not check, so a truncated body would parse as its complete parts."""
+
+    complete = False
+
+    def on_end(self) -> None:
+        self.complete = True
+
+
 async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, str | None]:
-    """Multipart fields (strings), the ``file`` part's bytes and its filename."""
+    """Multipart fields (strings), the ``file`` part's bytes and its filename.
+
+    A 400 names what is wrong: a body that ends before its closing boundary
+    (truncated), or a ``file`` part without ``filename=`` (a text field, not an upload).
+    """
+    parser = _Multipart(request.headers, request.stream(), max_files=4, max_fields=64)
     try:
-        form = await request.form(max_files=4, max_fields=64)
+        form = await parser.parse()
     except ApiError:
         raise
     except Exception as exc:
@@ -215,18 +243,28 @@ async def form_fields(request: Request) -> tuple[dict[str, Any], bytes | None, s
     fields: dict[str, Any] = {}
     data: bytes | None = None
     filename: str | None = None
-    for key, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            if key != "file":
-                continue
-            if data is not None:
-                raise bad("give exactly one 'file' part")
-            data = await value.read()
-            filename = value.filename
-        elif key.endswith("[]"):  # a repeated array field (OpenAI's timestamp_granularities[])
-            fields.setdefault(key, []).append(value)
-        else:
-            fields[key] = value
+    try:
+        if not parser.complete:
+            raise bad("malformed multipart body: it ends before its closing boundary (truncated?)")
+        for key, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if key != "file":
+                    continue
+                if data is not None:
+                    raise bad("give exactly one 'file' part")
+                data = await value.read()
+                filename = value.filename
+            elif key == "file":
+                raise bad(
+                    "the 'file' part has no filename in its Content-Disposition, so it is a "
+                    'text field, not an upload: add filename="..." (any name)'
+                )
+            elif key.endswith("[]"):  # a repeated array field (OpenAI's timestamp_granularities[])
+                fields.setdefault(key, []).append(value)
+            else:
+                fields[key] = value
+    finally:
+        await form.close()
     return fields, data, filename
 
 
@@ -340,6 +378,7 @@ __all__ = [
     "BodyLimit",
     "boolean",
     "busy_timeout",
+    "check_json_or_multipart",
     "choice",
     "form_fields",
     "integer",

@@ -31,6 +31,11 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 """The id of the request being handled (set by the app's middleware for the request's task)."""
 
+CUT_STATUS = "cut_status"
+"""The scope state key of a response cut short by a client error after its headers were sent
+(:class:`~server.http.streaming.LeasedResponse`): the status it would have had, which the access
+log and the latency metric record instead of the one sent."""
+
 ECHO_CHARS = 80
 """The longest piece of a client's own input quoted back in an error message."""
 

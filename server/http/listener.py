@@ -1064,19 +1064,14 @@ class HttpServer:
     async def _refuse(self, stream: anyio.abc.SocketStream) -> None:
         """Over ``max_connections``: a 503 in the JSON error shape, then close (the request
         is never read; the write is bounded by the write deadline)."""
-        body = json.dumps(
-            {
-                "error": {
-                    "message": f"the server is at its limit of {self.max_connections} "
-                    "connections; retry later",
-                    "type": "server_busy",
-                }
-            }
-        ).encode()
-        head = (
-            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\nconnection: close\r\n" + b"content-length: %d\r\n\r\n" % len(body)
+        headers, body = json_error(
+            503,
+            f"the server is at its limit of {self.max_connections} connections; retry later",
+            "server_busy",
         )
+        headers += [(b"retry-after", b"1"), *self.standard_headers()]
+        head = b"HTTP/1.1 503 Service Unavailable\r\n"
+        head += b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers) + b"\r\n"
         with anyio.move_on_after(self.deadlines.write_s), contextlib.suppress(Exception):
             await stream.send(head + body)
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):

@@ -70,6 +70,7 @@ ERROR_TEXT = {
     403: "management disabled or bad token",
     404: "unknown model",
     405: "wrong method (Allow lists the right one)",
+    409: "the id is a model of another family (an id keeps its family)",
     413: "body (or a server-local audio file) over max_request_body_bytes",
     500: "internal error: only a request id, the details are in the server log",
     503: "busy (Retry-After set)",
@@ -299,9 +300,11 @@ def by_task(
 
 
 def load_body(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
-    """``/v1/models/load``.
+    """``/v1/models/load``: a subset of what it takes (a ``models[]`` entry,
+    :data:`server.http.routes_models.LOAD_KEYS`), every body of which it accepts.
 
-    A family with its own ``load_options``, or an existing id reconfigured.
+    A family with its own ``load_options``, or an existing id reconfigured (its family
+    left out or the same).
     """
     slots: Schema | bool = (
         {"type": "integer", "minimum": 1, "maximum": 16}
@@ -320,9 +323,9 @@ def load_body(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
             "task": {"const": entry.task},
             **common,
             "load_options": _obj(options, closed=True),
-        }
-        if entry.path_option is None:  # else the path must be an existing model directory
-            props["path"] = {"type": "string", "pattern": "^[^\\x00]*$"}
+        }  # no path: a family with one takes an existing model directory, the others none
+        if entry.batching:
+            props["batching"] = {"type": "boolean"}
         variants.append(_obj(props, ["id", "family"], closed=True))
     if specs:
         variants.append(_obj({"id": _enum([s.id for s in specs]), **common}, ["id"], closed=True))
@@ -337,6 +340,11 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
         {
             "id": S,
             "object": S,
+            "created": {
+                "type": "integer",
+                "description": "Unix seconds: when the model's configuration was registered",
+            },
+            "owned_by": S,
             "family": S,
             "task": S,
             "mode": S,
@@ -388,6 +396,17 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
                     **_json(_obj({"object": S, "data": {"type": "array", "items": model_row}})),
                 },
             )
+        },
+        "/v1/models/{id}": {
+            "get": {
+                **_op(
+                    "One registered model: its /v1/models row",
+                    None,
+                    {"description": "the model", **_json(model_row)},
+                    404,
+                ),
+                "parameters": [{"name": "id", "in": "path", "required": True, "schema": S}],
+            }
         },
         "/v1/audio/speech": {
             "post": _op(
@@ -489,6 +508,7 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
                 {"description": "loaded", **_json(_obj({"id": S, "loaded": B, "reconfigured": B}))},
                 400,
                 403,
+                409,
                 413,
                 503,
             )

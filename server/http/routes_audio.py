@@ -24,7 +24,15 @@ from server.families.http import (
     timing,
 )
 from server.families.registry import limit_errors
-from server.http.body import boolean, busy_timeout, choice, form_fields, is_multipart, json_object
+from server.http.body import (
+    boolean,
+    busy_timeout,
+    check_json_or_multipart,
+    choice,
+    form_fields,
+    is_multipart,
+    json_object,
+)
 from server.http.errors import bad
 from server.http.state import ServerState
 from server.http.streaming import LeasedResponse, sse_events
@@ -221,6 +229,7 @@ async def audio_request(
     request: Request,
 ) -> tuple[ServerState, dict[str, Any], bytes | None, str | None]:
     st = state_of(request)
+    check_json_or_multipart(request)
     if is_multipart(request):
         fields, data, filename = await form_fields(request)
         if data is None:

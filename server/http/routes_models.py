@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from core.policy import MISSING, Invalid, validate_slots_for_runtime
+from core.policy import RuntimeKind
 from server.config import MODES, ConfigError, parse_model
 from server.families import registry
 from server.http.body import json_object
-from server.http.errors import bad, show
+from server.http.errors import ApiError, bad, show
 from server.http.openapi import MAX_BULK_IDS, MAX_ID_CHARS, MODEL_ID, build_spec
 from server.http.routes_audio import state_of
 from server.http.state import ServerState
+from server.runtime import ModelSpec
 
 
 async def health(request: Request) -> Response:
@@ -39,6 +42,20 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": model_rows(st, st.is_manager(request))})
 
 
+async def model(request: Request) -> Response:
+    """``GET /v1/models/{id}`` (OpenAI's ``models.retrieve``): the model's ``/v1/models`` row,
+    or a 404 naming the id. The management routes' own paths under ``/v1/models/`` answer
+    405 (they take POST), not "unknown model"."""
+    st = state_of(request)
+    model_id = request.path_params["id"]
+    if model_id in ("load", "unload"):
+        raise HTTPException(405, headers={"Allow": "POST"})
+    for row in model_rows(st, st.is_manager(request)):
+        if row["id"] == model_id:
+            return JSONResponse(row)
+    raise ApiError(404, f"unknown model id: {show(model_id)}", "not_found_error")
+
+
 def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
     """``/v1/models``'s rows: every model's spec and counters (paths for a manager only)."""
     data = []
@@ -48,6 +65,7 @@ def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
             {
                 "id": row.id,
                 "object": "model",
+                "created": spec.created,
                 "owned_by": "voxpool",
                 "family": spec.family,
                 "task": spec.task,
@@ -67,42 +85,118 @@ def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
     return data
 
 
+LOAD_KEYS = (
+    "id",
+    "family",
+    "task",
+    "mode",
+    "path",
+    "slots",
+    "batching",
+    "lazy",
+    "backend",
+    "device",
+    "busy_timeout_ms",
+    "memory_mb",
+    "load_options",
+    "session_options",
+    "default_request_options",
+    "voice_aliases",
+)
+"""What a management load may give: a ``server.json`` ``models[]`` entry's keys."""
+
+
 async def load(request: Request) -> Response:
+    """Register and load a new id, or reconfigure an existing one.
+
+    The body is a ``server.json`` ``models[]`` entry. A new id takes the server's defaults
+    for what it leaves out (backend, device; it loads at once). For an existing id the
+    body changes only the keys it gives: every other setting (mode, path, slots,
+    batching, options, voice aliases, placement) stays what it is, and
+    ``voice_aliases`` applies over the model's current table (null removes an alias). An
+    id keeps its family: naming another one is refused (409). Unknown keys are refused.
+    """
     st = state_of(request)
     st.check_management(request)
     body = await json_object(request)
     model_id = body.get("id")
     if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
         raise bad(f"'id' is required: 1 to {MAX_ID_CHARS} letters, digits and . _ : -")
-    family = body.get("family")
+    unknown = sorted(k for k in body if k not in LOAD_KEYS)
+    if unknown:
+        raise bad(f"unknown keys {show(unknown)}: a load takes {', '.join(LOAD_KEYS)}")
     existing = st.runtime.specs.get(model_id)
-    if family is None and existing is not None:
-        family = existing.family
+    family = body.get("family", existing.family if existing is not None else None)
     if not registry.is_family(family):
         raise bad(f"unknown family {show(family)} ({registry.listing()})")
+    if existing is not None and family != existing.family:
+        raise ApiError(
+            409,
+            f"model {model_id!r} is a {existing.family} model: an id keeps its family "
+            f"(load {family} under another id)",
+        )
     if body.get("mode", "offline") not in MODES:
         raise bad("mode must be 'offline' or 'streaming'")
-    slots = body.get("slots", MISSING)
-    if (
-        isinstance(slots, float) and slots.is_integer()
-    ):  # JSON has one number type: 2.0 is the integer 2
-        slots = body["slots"] = int(slots)
-    checked = validate_slots_for_runtime(st.config.runtime, slots)
-    if isinstance(checked, Invalid):
-        raise bad(checked.message)
-    raw: dict[str, Any] = {
-        k: v
-        for k, v in body.items()
-        if k in ("id", "family", "task", "mode", "path", "load_options", "session_options", "slots")
-    }
+    if isinstance(body.get("slots"), float) and body["slots"].is_integer():
+        body["slots"] = int(body["slots"])  # JSON has one number type: 2.0 is the integer 2
+    if existing is None:
+        raw: dict[str, Any] = dict(body)
+        server_defaults: dict[str, Any] = {"backend": st.config.backend, "device": st.config.device}
+    else:
+        raw, server_defaults = merged_entry(existing, body, st.config.runtime), {}
     raw["family"] = family
-    server_defaults = {"backend": st.config.backend, "device": st.config.device, "lazy_load": True}
     try:
-        model = parse_model(raw, server_defaults, st.config.runtime, None)
+        model = parse_model(raw, {**server_defaults, "lazy_load": True}, st.config.runtime, None)
     except ConfigError as exc:
         raise bad(str(exc)) from exc
     reconfigured = await st.runtime.register(model.spec())
     return JSONResponse({"id": model_id, "loaded": True, "reconfigured": reconfigured})
+
+
+def merged_entry(
+    existing: ModelSpec, body: Mapping[str, Any], runtime: RuntimeKind
+) -> dict[str, Any]:
+    """The ``models[]`` entry a load of ``body`` makes of the registered ``existing``: its own
+    settings with the body's keys over them, and a given ``voice_aliases`` object over its
+    current table. On the original runtime (no ``--parallel-jobs``) a model's slot count
+    is not a setting (always one; naming it is refused), so it is not carried over."""
+    base = entry_of(existing)
+    if runtime is not RuntimeKind.PARALLEL:
+        base.pop("slots")
+    raw = {**base, **body}
+    given = body.get("voice_aliases")
+    if isinstance(given, Mapping):
+        raw["voice_aliases"] = {**base.get("voice_aliases", {}), **given}
+    return raw
+
+
+def entry_of(spec: ModelSpec) -> dict[str, Any]:
+    """A registered model's settings as the ``models[]`` entry that gives them back (what a
+    load naming its id starts from). Its voice aliases are written over the family's
+    default table: an alias the model removed is given as null."""
+    aliases = dict(spec.extra.get("voice_aliases", {}))
+    removed = {name: None for name in registry.family(spec.family).aliases() if name not in aliases}
+    entry: dict[str, Any] = {
+        "id": spec.id,
+        "family": spec.family,
+        "task": spec.task,
+        "mode": spec.mode,
+        "path": spec.path,
+        "slots": spec.slots,
+        "batching": spec.batching,
+        "backend": spec.backend,
+        "device": spec.device,
+        "lazy": spec.lazy,
+        "memory_mb": spec.memory_bytes // (1024 * 1024),
+        "load_options": dict(spec.load_options),
+        "session_options": dict(spec.session_options),
+        "default_request_options": dict(spec.extra.get("default_request_options", {})),
+    }
+    if spec.busy_timeout_ms is not None:
+        entry["busy_timeout_ms"] = spec.busy_timeout_ms
+    if aliases or removed:
+        entry["voice_aliases"] = {**removed, **aliases}
+    return entry
 
 
 async def unload(request: Request) -> Response:

@@ -25,8 +25,13 @@ from server.runtime.ports import ModelSpec
 
 
 def inner(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The task request: ``request`` if given (an object), else the body itself."""
-    req = body.get("request", body)
+    """The task request: ``request``, a required object (the task's own fields)."""
+    req = body.get("request")
+    if req is None:
+        raise bad(
+            "'request' is required: an object with the task's fields "
+            "(TTS: 'input' or 'text'; ASR and VAD: 'audio_base64' or 'audio_path')"
+        )
     if not isinstance(req, Mapping):
         raise bad("'request' must be an object")
     return dict(req)

@@ -17,7 +17,7 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from server.http.errors import ApiError, internal_error
+from server.http.errors import CUT_STATUS, ApiError, internal_error, log
 
 
 def sse(payload: Any) -> bytes:
@@ -27,7 +27,15 @@ def sse(payload: Any) -> bytes:
 
 
 class LeasedResponse(StreamingResponse):
-    """A streaming response whose exit stack (holding the lease) closes when it ends."""
+    """A streaming response whose exit stack (holding the lease) closes when it ends.
+
+    A client error raised by the body once the headers are out (a speech limit
+    a later sentence breaks, in a raw-audio stream) cannot be answered any more:
+    the body is cut short (no final chunk, so the client sees an incomplete
+    response), a warning names the error and the status it would have had, and
+    that status goes in the scope state's :data:`~server.http.errors.CUT_STATUS`
+    for the access log and the latency metric. It is not a server failure.
+    """
 
     def __init__(
         self,
@@ -41,8 +49,10 @@ class LeasedResponse(StreamingResponse):
         )
         self._body = body
         self._stack = stack
+        self._scope: Scope = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._scope = scope
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -51,6 +61,19 @@ class LeasedResponse(StreamingResponse):
                 if aclose is not None:
                     await aclose()
                 await self._stack.aclose()
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        except ApiError as exc:  # the headers are out: cut the body (see the class docstring)
+            self._scope.setdefault("state", {})[CUT_STATUS] = exc.status
+            log.warning(
+                "request %s: response cut short by a client error after its headers "
+                "(it would have been status %d): %s",
+                self._scope.get("state", {}).get("request_id", "-"),
+                exc.status,
+                exc.message,
+            )
 
 
 def sse_error(exc: BaseException) -> bytes:

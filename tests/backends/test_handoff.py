@@ -389,3 +389,31 @@ def test_convolution_operands_that_do_not_fit_are_refused_before_any_piece(
     with pytest.raises(ValueError, match=">= 1"):
         conv(sgemm=0)
     assert np.isnan(out).all()
+
+
+def test_spinning_threads_yield_through_the_c_librarys_sched_yield() -> None:
+    """A board knows ``sched_yield`` (Linux: always found); jobs give the same bits whether
+    the spinning threads call it or not (the slot at 0: they only pause), and a helper
+    kept spinning far longer than :data:`handoff.YIELD_EVERY` spins still takes pieces."""
+    h = handoff.Helpers(idle_cycles=1 << 62)
+    x, p, parts, want = _job(np.random.default_rng(13))
+    address = int(h._board[handoff.YIELD])
+    assert address != 0
+    try:
+        for slot in (address, 0, address):
+            h._board[handoff.YIELD] = slot
+            for _ in range(20):
+                out = np.empty_like(want)
+                assert h.product(x, p.panels, p.zero_bias, out, parts, 2)
+                assert out.tobytes() == want.tobytes()
+        _wait_until(lambda: h.awake == 1, "the helper to spin")
+        before = h.taken[0]
+        _wait_until(
+            lambda: (
+                h.product(x, p.panels, p.zero_bias, np.empty_like(want), parts, 2)
+                and h.taken[0] > before
+            ),
+            "the yielding helper to take a piece",
+        )
+    finally:
+        h.close()

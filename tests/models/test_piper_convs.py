@@ -575,3 +575,28 @@ def test_row_pieces_are_two_halves_in_blocks_of_sixteen_rows() -> None:
         rng.standard_normal((384, 192, 5), dtype=np.float32), None, row_pieces=True
     )
     assert winograd.winograd is not None and winograd.rows is None
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [[(0, 64)], [(0, 16)], [(0, 16), (8, 32)], [(0, 16), (20, 32)], [(16, 32), (0, 16)], []],
+)
+def test_conv_rows_refuses_parts_that_do_not_cover_its_rows_once(parts: list[Any]) -> None:
+    """Rows outside the output, rows left out, overlapping or unordered pieces: a ValueError
+    before any SGEMM, on one lane as on two (nothing written around the output either)."""
+    from backends import parallel
+    from backends.piper import blas
+
+    if not blas.available():
+        pytest.skip("numpy's BLAS (scipy-openblas) not found")
+    taps = np.ones((1, 32, 4), np.float32)
+    src = np.ones((4, 10), np.float32)
+    big = np.zeros((64, 10), np.float32)
+    pieces = np.array(parts, np.int64).reshape(-1, 2)
+    with parallel.one_thread():
+        for lanes in (1, 2):
+            with pytest.raises(ValueError, match="parts"):
+                blas.conv_rows(big[:32], taps, src, 0, 1, pieces, lanes)
+    with pytest.raises(ValueError, match="int64"):
+        blas.conv_rows(big[:32], taps, src, 0, 1, np.array([(0, 32)], np.int32), 1)
+    assert not big.any()

@@ -218,12 +218,12 @@ def test_task_routes(rel: httpx.Client, api: Any, path: str, examples: int) -> N
 
 
 def test_management(reliability_server: LiveServer, rel: httpx.Client, api: Any) -> None:
-    """Registration (under a small pool of new ids, unloaded again), unload and bulk unload:
-    200 or 404."""
+    """Registration (under a small pool of new ids a family, unloaded again: an id keeps its
+    family), unload and bulk unload: 200 or 404."""
 
     @given(bodies(api, "/v1/models/load").filter(lambda b: "family" in b), st.integers(0, 2))
     def prop_load(body: dict[str, Any], slot: int) -> None:
-        body = {**body, "id": f"prop-{slot}"}
+        body = {**body, "id": f"prop-{body['family']}-{slot}"}
         resp = rel.post("/v1/models/load", json=body, headers=AUTH)
         OUTCOMES[f"/v1/models/load {resp.status_code}"] += 1
         assert resp.status_code == 200, (body, resp.text[:400])

@@ -236,3 +236,30 @@ def test_the_embedded_default_batches_vad_on_the_parallel_runtime_only() -> None
     assert vad.batching and vad.slots == 32
     original = embedded_default(RuntimeKind.ORIGINAL).models
     assert all(not m.batching and m.slots == 1 for m in original)
+
+
+def test_a_path_is_refused_where_it_cannot_be_used(tmp_path: Path) -> None:
+    """A family that runs its bundled weights takes no path (refused, not ignored); a
+    Whisper directory must hold a model's files, so that a model that cannot load is a
+    configuration error, not a registered model whose every request fails."""
+    for family in ("piper", "silero_vad"):
+        with pytest.raises(ConfigError, match=f"family {family} takes no path"):
+            parse_config({"models": [{"id": "m", "family": family, "path": "/etc/passwd"}]})
+    (tmp_path / "model.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"is not a whisper model: it has no tokenizer\.json"):
+        parse_config({"models": [{"id": "w", "family": "whisper", "path": str(tmp_path)}]})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"it has no model\.bin, tokenizer\.json"):
+        parse_config(
+            {
+                "models": [
+                    {"id": "w", "family": "whisper", "load_options": {"model_dir": str(empty)}}
+                ]
+            }
+        )
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (model,) = parse_config(
+        {"models": [{"id": "w", "family": "whisper", "path": str(tmp_path)}]}
+    ).models
+    assert model.path == str(tmp_path)

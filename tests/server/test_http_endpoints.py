@@ -56,6 +56,7 @@ def test_openapi_lists_the_paths(http: httpx.Client) -> None:
     for path in (
         "/health",
         "/v1/models",
+        "/v1/models/{id}",
         "/v1/audio/speech",
         "/v1/audio/transcriptions",
         "/v1/audio/voices",
@@ -70,6 +71,10 @@ def test_openapi_lists_the_paths(http: httpx.Client) -> None:
         "/metrics",
     ):
         assert path in spec["paths"], path
+    row = spec["paths"]["/v1/models/{id}"]["get"]["responses"]["200"]["content"]
+    assert {"id", "object", "created", "owned_by"} <= set(
+        row["application/json"]["schema"]["properties"]
+    )
 
 
 def test_metrics_prometheus_text(http: httpx.Client) -> None:
@@ -173,6 +178,9 @@ def test_transcription_multipart_verbose_json(http: httpx.Client, hello_wav: byt
     assert len(body["segments"]) == 1
     seg = body["segments"][0]
     assert seg["text"].strip() == "Hello world." and 0 <= seg["start"] < seg["end"]
+    # OpenAI's TranscriptionSegment: its index, its window's start in 10 ms frames, its tokens
+    assert seg["id"] == 0 and seg["seek"] == 0
+    assert seg["tokens"] and all(isinstance(t, int) for t in seg["tokens"])
 
 
 def test_transcription_json_base64_srt(http: httpx.Client, hello_wav: bytes) -> None:

@@ -20,7 +20,8 @@ SPEECH = {"model": "piper", "input": "Hello."}
     [
         ({"model": "piper"}, "'input' is required"),
         ({**SPEECH, "input": ""}, "'input'"),
-        ({**SPEECH, "input": 5}, "'input'"),
+        ({**SPEECH, "input": 5}, "'input' must be a string"),
+        ({**SPEECH, "input": " "}, "'input' must be non-empty"),
         ({"input": "Hello."}, "'model' is required"),
         ({**SPEECH, "model": "whisper"}, "serves task 'asr'"),
         ({**SPEECH, "voice": "nobody"}, "unknown voice 'nobody'"),  # alloy is an alias (#12)
@@ -38,6 +39,73 @@ SPEECH = {"model": "piper", "input": "Hello."}
 )
 def test_speech_validation_is_400(http: httpx.Client, body: dict[str, Any], contains: str) -> None:
     assert_error(http.post("/v1/audio/speech", json=body), 400, "invalid_request_error", contains)
+
+
+def test_a_limit_after_a_raw_stream_started_is_a_client_error(
+    main_server: LiveServer, http: httpx.Client
+) -> None:
+    """The third "Hi." breaks the per-character speech limit after the first was sent: the raw
+    stream is cut (no final chunk), the log has a warning naming the limit and the 400 it would
+    have been (no traceback, no "internal error"), and /metrics counts it as a 400."""
+    body = {
+        **SPEECH,
+        "input": "Hi. Hi. Hi. Hi.",
+        "stream_format": "audio",
+        "response_format": "mp3",
+        "length_scale": 10,
+        "speed": 0.5,
+    }
+    counted = 'voxpool_request_seconds_count{model="piper",route="/v1/audio/speech",status="400"}'
+
+    def count() -> float:
+        lines = http.get("/metrics").text.splitlines()
+        return next((float(x.split()[-1]) for x in lines if x.startswith(counted + " ")), 0.0)
+
+    before, log_from = count(), len(main_server.log())
+    with http.stream("POST", "/v1/audio/speech", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+        request_id = r.headers["x-request-id"]
+        got = b""
+        with pytest.raises(httpx.RemoteProtocolError):  # the body ends without its last chunk
+            for data in r.iter_bytes():
+                got += data
+    assert got  # the first sentences arrived
+    log = main_server.log()[log_from:]
+    cut = [line for line in log.splitlines() if request_id in line and "cut short" in line]
+    assert len(cut) == 1 and "WARNING" in cut[0], log
+    assert "status 400" in cut[0] and "speech_seconds_per_char" in cut[0], cut
+    assert "internal error" not in log and "Traceback" not in log, log
+    assert count() == before + 1
+
+
+def test_audio_routes_name_a_content_type_they_do_not_read(
+    http: httpx.Client, hello_wav: bytes
+) -> None:
+    for headers in ({"content-type": "text/plain"}, {"content-type": "audio/wav"}):
+        r = http.post("/v1/audio/transcriptions", content=hello_wav, headers=headers)
+        error = assert_error(r, 400, "invalid_request_error", "is not accepted here")
+        assert headers["content-type"] in error["message"]
+        assert "multipart/form-data" in error["message"], error
+    r = http.post("/v1/audio/vad", data={"model": "silero_vad"})  # a urlencoded form
+    assert_error(r, 400, "invalid_request_error", "'application/x-www-form-urlencoded'")
+
+
+def part(headers: str, data: bytes) -> bytes:
+    return b"--XyZ\r\n" + headers.encode() + b"\r\n\r\n" + data + b"\r\n"
+
+
+def test_multipart_errors_say_what_is_wrong(http: httpx.Client, hello_wav: bytes) -> None:
+    """A body cut before its closing boundary, and a ``file`` part without ``filename=``."""
+    model = part('Content-Disposition: form-data; name="model"', b"whisper")
+    upload = 'Content-Disposition: form-data; name="file"; filename="a.wav"'
+    headers = {"content-type": "multipart/form-data; boundary=XyZ"}
+    whole = model + part(upload, hello_wav) + b"--XyZ--\r\n"
+    for cut in (len(whole) - 9, len(model) + 200):  # in the closing boundary, in the file
+        r = http.post("/v1/audio/transcriptions", content=whole[:cut], headers=headers)
+        assert_error(r, 400, "invalid_request_error", "ends before its closing boundary")
+    nameless = model + part('Content-Disposition: form-data; name="file"', b"RIFF") + b"--XyZ--"
+    r = http.post("/v1/audio/transcriptions", content=nameless, headers=headers)
+    assert_error(r, 400, "invalid_request_error", "'file' part has no filename")
 
 
 @pytest.mark.parametrize("content", [b"{", b"[1, 2]", b"", b"\xff\xfe", b'"text"'])
@@ -66,6 +134,12 @@ def test_unknown_route_is_404_and_wrong_method_is_json(http: httpx.Client) -> No
     assert_error(http.get("/v1/nothing/here"), 404, "not_found_error", "/v1/nothing/here")
     assert_error(http.post("/v2/audio/speech", json=SPEECH), 404, "not_found_error")
     assert_error(http.get("/v1/audio/speech"), 405, "invalid_request_error")
+    for path in ("/v1/models/load", "/v1/models/unload"):  # not model ids: their routes' paths
+        r = http.get(path)
+        assert_error(r, 405, "invalid_request_error")
+        assert r.headers["allow"] == "POST"
+    assert_error(http.post("/v1/models/piper", json={}), 405, "invalid_request_error")
+    assert_error(http.get("/v1/models/piper/extra"), 404, "not_found_error")
 
 
 def transcribe(http: httpx.Client, name: str, data: bytes, **fields: str) -> httpx.Response:
@@ -183,7 +257,15 @@ def test_tasks_validation_is_400(http: httpx.Client) -> None:
         http.post("/v1/tasks/run", json={"model": "piper", "request": {}}),
         400,
         "invalid_request_error",
+        "'input' is required (non-empty text to speak; 'text' is accepted too)",
     )
+    for route in ("/v1/tasks/run", "/v1/tasks/stream"):
+        assert_error(
+            http.post(route, json={"model": "piper"}),
+            400,
+            "invalid_request_error",
+            "'request' is required: an object with the task's fields (TTS: 'input' or 'text'",
+        )
 
 
 @pytest.fixture(scope="module")

@@ -180,3 +180,138 @@ def test_reregistering_with_only_operational_fields_keeps_the_pool(
     after = http.post("/v1/audio/vad", json={"model": "vad_same", "audio_base64": b64(hello_wav)})
     assert after.json()["segments"] == before.json()["segments"]
     http.post("/v1/models/unload", json={"id": "vad_same"}, headers=AUTH).raise_for_status()
+
+
+def test_reconfiguring_an_id_keeps_what_the_load_does_not_give(http: httpx.Client) -> None:
+    """A load naming an existing id changes only the keys it gives: a new slot count leaves
+    the mode (streamed speech still served), the voice aliases (an added one still
+    answers, a removed default still refused) and the default format where they were."""
+    first = {
+        "id": "tts_keep",
+        "family": "piper",
+        "mode": "streaming",
+        "slots": 1,
+        "voice_aliases": {"narrator": "joe", "alloy": None},
+        "default_request_options": {"response_format": "mp3"},
+    }
+    r = http.post("/v1/models/load", json=first, headers=AUTH)
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/models/load", json={"id": "tts_keep", "slots": 2}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert r.json()["reconfigured"] is True
+    row = rows(http)["tts_keep"]
+    assert (row["slots"], row["mode"], row["family"]) == (2, "streaming", "piper")
+    speech = {"model": "tts_keep", "input": "Hello there.", "voice": "narrator"}
+    said = http.post("/v1/audio/speech", json=speech)
+    assert said.status_code == 200, said.text
+    assert said.headers["content-type"].startswith("audio/mpeg")  # the default kept
+    streamed = http.post("/v1/audio/speech", json={**speech, "stream_format": "sse"})
+    assert streamed.status_code == 200, streamed.text
+    assert_error(
+        http.post("/v1/audio/speech", json={**speech, "voice": "alloy"}),
+        400,
+        "invalid_request_error",
+        "alloy",
+    )
+    # given again, voice_aliases applies over the model's current table
+    r = http.post(
+        "/v1/models/load",
+        json={"id": "tts_keep", "voice_aliases": {"alloy": "joe"}},
+        headers=AUTH,
+    )
+    assert r.status_code == 200, r.text
+    for voice in ("alloy", "narrator"):
+        said = http.post("/v1/audio/speech", json={**speech, "voice": voice})
+        assert said.status_code == 200, (voice, said.text)
+    assert rows(http)["tts_keep"]["slots"] == 2
+    http.post("/v1/models/unload", json={"id": "tts_keep"}, headers=AUTH)
+
+
+def test_a_batching_model_loads_and_keeps_batching_past_16_slots(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/models/load",
+        json={"id": "vad_rows", "family": "silero_vad", "batching": True, "slots": 4},
+        headers=AUTH,
+    )
+    assert r.status_code == 200, r.text
+    assert rows(http)["vad_rows"]["batching"] is True
+    r = http.post("/v1/models/load", json={"id": "vad_rows", "slots": 64}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    row = rows(http)["vad_rows"]
+    assert (row["slots"], row["batching"]) == (64, True)
+    r = http.post("/v1/models/load", json={"id": "vad_rows", "slots": 5000}, headers=AUTH)
+    assert_error(r, 400, "invalid_request_error", "slots")
+    http.post("/v1/models/unload", json={"id": "vad_rows"}, headers=AUTH)
+
+
+def test_an_id_keeps_its_family(http: httpx.Client) -> None:
+    r = http.post("/v1/models/load", json={"id": "vad_fam", "family": "silero_vad"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/models/load", json={"id": "vad_fam", "family": "whisper"}, headers=AUTH)
+    assert_error(r, 409, "invalid_request_error", "keeps its family")
+    assert rows(http)["vad_fam"]["family"] == "silero_vad"
+    http.post("/v1/models/unload", json={"id": "vad_fam"}, headers=AUTH)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"id": "k1", "family": "silero_vad", "unknown_key": 1}, "unknown_key"),
+        ({"id": "k2", "family": "piper", "path": "/etc/passwd"}, "takes no path"),
+        ({"id": "k3", "family": "silero_vad", "path": "x"}, "takes no path"),
+        ({"id": "k4", "family": "piper", "batching": "yes"}, "batching"),
+    ],
+)
+def test_load_bodies_it_cannot_honour_are_400(
+    http: httpx.Client, body: dict[str, Any], words: str
+) -> None:
+    """Keys a load does not know, and a path for a family that runs only its bundled
+    weights, are refused, not ignored; nothing is registered."""
+    assert_error(
+        http.post("/v1/models/load", json=body, headers=AUTH), 400, "invalid_request_error", words
+    )
+    assert body["id"] not in rows(http)
+
+
+def test_voice_aliases_for_a_model_without_voices_is_400(http: httpx.Client) -> None:
+    r = http.post(
+        "/v1/models/load", json={"id": "silero_vad", "voice_aliases": {"x": "joe"}}, headers=AUTH
+    )
+    assert_error(r, 400, "invalid_request_error", "voice_aliases is only for TTS models")
+
+
+def test_a_registered_model_reloads_on_the_original_runtime() -> None:
+    """Without ``--parallel-jobs`` a slot count is not a setting (naming one is refused): a
+    load naming a registered id carries every other setting over, not its slots."""
+    from core.policy import RuntimeKind
+    from server.config import ConfigError, parse_model
+    from server.http.routes_models import merged_entry
+
+    raw = {"id": "tts", "family": "piper", "mode": "streaming", "voice_aliases": {"alloy": None}}
+    spec = parse_model(raw, {}, RuntimeKind.ORIGINAL, None).spec()
+    for body in ({"id": "tts"}, {"id": "tts", "lazy": False}, {"id": "tts", "busy_timeout_ms": 9}):
+        again = parse_model(
+            merged_entry(spec, body, RuntimeKind.ORIGINAL), {}, RuntimeKind.ORIGINAL, None
+        )
+        assert (again.mode, again.slots, again.voice_aliases) == (
+            "streaming",
+            1,
+            spec.extra["voice_aliases"],
+        )
+    with pytest.raises(ConfigError, match="parallel-jobs"):
+        parse_model(
+            merged_entry(spec, {"id": "tts", "slots": 2}, RuntimeKind.ORIGINAL),
+            {},
+            RuntimeKind.ORIGINAL,
+            None,
+        )
+    parallel = parse_model(raw, {}, RuntimeKind.PARALLEL, None).spec()
+    assert (
+        parse_model(
+            merged_entry(parallel, {"id": "tts"}, RuntimeKind.PARALLEL),
+            {},
+            RuntimeKind.PARALLEL,
+            None,
+        ).spec()
+        == parallel
+    )

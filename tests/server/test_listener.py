@@ -372,6 +372,11 @@ def test_connections_over_the_limit_get_a_json_503_and_the_rest_are_served(backe
             assert b"connection: close" in refused.lower() and b"retry-after: 1" in refused.lower()
             error = json_body(refused)["error"]
             assert error["type"] == "server_busy" and "limit of 2 connections" in error["message"]
+            head = refused.partition(b"\r\n\r\n")[0].lower().split(b"\r\n")
+            ids = [
+                line[len(b"x-request-id: ") :] for line in head if line.startswith(b"x-request-id:")
+            ]
+            assert len(ids) == 1 and len(ids[0]) == 16, head  # like every response (docs/server.md)
             assert server.refused == 1
             first.close()
             with anyio.fail_after(GUARD_S):

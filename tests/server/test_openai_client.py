@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 import wave
 from collections.abc import Iterator
 
@@ -73,3 +74,39 @@ def test_transcription_stream(client: openai.OpenAI) -> None:
     deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
     assert deltas.strip() == "Hello world."
     assert events[-1].text == "Hello world."
+
+
+def test_models_retrieve_is_the_list_row(client: openai.OpenAI, http: httpx.Client) -> None:
+    """``GET /v1/models/{id}``: the model's ``/v1/models`` row (whisper is idle: the counters
+    hold still), and a 404 naming an unknown id."""
+    model = client.models.retrieve("whisper")
+    assert (model.id, model.object, model.owned_by) == ("whisper", "model", "voxpool")
+    rows = {r["id"]: r for r in http.get("/v1/models").json()["data"]}
+    assert http.get("/v1/models/whisper").json() == rows["whisper"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert "unknown model id: 'no-such-model'" in str(missing.value)
+
+
+def test_model_rows_carry_created(client: openai.OpenAI, http: httpx.Client) -> None:
+    """OpenAI's Model has ``created``: the Unix time the model's configuration was
+    registered (the server's start for configured models)."""
+    started = time.time() - 3600.0  # the session's server started within the hour
+    for row in http.get("/v1/models").json()["data"]:
+        assert isinstance(row["created"], int) and started <= row["created"] <= time.time(), row
+    assert client.models.retrieve("piper").created == http.get("/v1/models/piper").json()["created"]
+
+
+def test_transcription_verbose_json_segments(client: openai.OpenAI) -> None:
+    """OpenAI's TranscriptionSegment fields, with the transcriber's own values."""
+    with open(HELLO_WAV, "rb") as f:
+        result = client.audio.transcriptions.create(
+            model="whisper", file=f, response_format="verbose_json"
+        )
+    assert result.text == "Hello world." and result.segments
+    for index, seg in enumerate(result.segments):
+        assert seg.id == index and seg.seek == 0  # one 30 s window, starting at frame 0
+        assert seg.tokens and all(isinstance(t, int) for t in seg.tokens)
+        assert seg.start < seg.end and seg.text.strip()
+        assert seg.temperature == 0.0 and seg.compression_ratio > 0
+        assert seg.avg_logprob < 0 and 0 <= seg.no_speech_prob <= 1
