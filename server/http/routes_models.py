@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,7 +66,7 @@ def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
             {
                 "id": row.id,
                 "object": "model",
-                "created": spec.created,
+                "created": st.created(row.id),
                 "owned_by": "voxpool",
                 "family": spec.family,
                 "task": spec.task,
@@ -150,6 +151,7 @@ async def load(request: Request) -> Response:
     except ConfigError as exc:
         raise bad(str(exc)) from exc
     reconfigured = await st.runtime.register(model.spec())
+    st.loaded_at[model_id] = int(time.time())
     return JSONResponse({"id": model_id, "loaded": True, "reconfigured": reconfigured})
 
 

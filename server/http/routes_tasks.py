@@ -25,13 +25,9 @@ from server.runtime.ports import ModelSpec
 
 
 def inner(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The task request: ``request``, a required object (the task's own fields)."""
-    req = body.get("request")
-    if req is None:
-        raise bad(
-            "'request' is required: an object with the task's fields "
-            "(TTS: 'input' or 'text'; ASR and VAD: 'audio_base64' or 'audio_path')"
-        )
+    """The task request: ``request`` if given (an object), else the body itself (the
+    reference's rule, §1.3.4: its CLI request-sequence format puts the fields at the top)."""
+    req = body.get("request", body)
     if not isinstance(req, Mapping):
         raise bad("'request' must be an object")
     return dict(req)

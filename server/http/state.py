@@ -31,6 +31,14 @@ class ServerState:
     metrics: Metrics
     backend: str
     started: float = attrs.field(factory=time.time)
+    loaded_at: dict[str, int] = attrs.field(factory=dict)
+    """Model id -> Unix seconds of its last management load (``/v1/models``' ``created``;
+    configured models not loaded since: :attr:`started`). Kept here, not in the runtime's
+    specs: wall time is the HTTP layer's, never the runtime's or the simulator's."""
+
+    def created(self, model_id: str) -> int:
+        """``/v1/models``' ``created`` of ``model_id`` (see :attr:`loaded_at`)."""
+        return self.loaded_at.get(model_id, int(self.started))
 
     @property
     def management_token(self) -> str | None:

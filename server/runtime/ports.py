@@ -6,7 +6,6 @@ in worker threads; the simulator passes its virtual clock and fake sessions.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,9 +46,6 @@ class ModelSpec:
     lazy: bool = True
     batching: bool = False
     extra: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_options, eq=False)
-    created: int = attrs.field(factory=lambda: int(time.time()), eq=False)
-    """When this configuration was made (Unix seconds): at startup for a configured model, at its
-    management ``load`` for one registered (or reconfigured) later; ``/v1/models``' ``created``."""
 
     def weight_key(self) -> tuple[Any, ...]:
         """What identifies the immutable weights (a loaded factory): family, path, mode (a

@@ -45,6 +45,7 @@ ROUTES = {
     **{path: "GET" for path in PAGE},
     "/health": "GET",
     "/v1/models": "GET",
+    "/v1/models/{id}": "GET",
     "/metrics": "GET",
     "/openapi.json": "GET",
     "/v1/audio/voices": "GET",
@@ -672,11 +673,14 @@ def route_cases() -> list[Case]:
                 "/v1/audio/speech/extra",
                 "/%00",
                 "/" + "a" * 5000,
-                "/v1/models/piper",
+                "/v1/models/piper/extra",
                 "/page/missing.js",
             )
         )
     ]
+    out.append(Case("model-unknown-id", "GET", "/v1/models/ghost", 404, {}, "ghost"))
+    for path in ("/v1/models/load", "/v1/models/unload"):  # the management routes' own paths
+        out.append(Case(f"model-get-{path}", "GET", path, 405, {}, "not allowed"))
     out.append(
         Case("voices-unknown-model", "GET", "/v1/audio/voices", 404, {"params": {"model": "nope"}})
     )
