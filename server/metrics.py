@@ -93,6 +93,12 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.clients_gone = Counter(
+            "voxpool_clients_gone",
+            "Requests whose client went away before a response started (logged as 499)",
+            ["route"],
+            registry=self.registry,
+        )
         self.batch_steps = Counter(
             "voxpool_batch_steps",
             "Batched steps run by a batching model's decode task",

@@ -138,7 +138,8 @@ class Observe:
             status = scope.get("state", {}).get(errors.CUT_STATUS, status)
             model = scope.get("state", {}).get("model", "-")
             path = scope.get("path", "")
-            self.state.metrics.request_seconds.labels(model, path, str(status)).observe(seconds)
+            route = route_of(scope)
+            self.state.metrics.request_seconds.labels(model, route, str(status)).observe(seconds)
             method = scope.get("method", "GET")
             level = logging.DEBUG if (method, path) in QUIET and status < 400 else logging.INFO
             if access_log.isEnabledFor(level):
@@ -160,6 +161,18 @@ class Observe:
                 access_log.log(level, line, *args, extra=fields)
 
 
+UNMATCHED = "(unmatched)"
+"""The metrics' route label of a request no route matched (a 404 of an unknown path)."""
+
+
+def route_of(scope: Scope) -> str:
+    """The metrics' route label: the matched route's template (``/v1/models/{id}``), never the
+    request's own path, so that clients cannot add label values (and memory) by asking for
+    paths or ids that do not exist; :data:`UNMATCHED` where no route matched."""
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) else UNMATCHED
+
+
 class CancelOnDisconnect:
     """ASGI middleware: a client that goes away cancels its request.
 
@@ -167,13 +180,18 @@ class CancelOnDisconnect:
     and, if no response has started, cancels the handler, so a request still
     queued for a slot leaves the queue (and one running releases its lease when
     its current step ends) instead of holding its place for a client that is
-    gone. Once a response has started it is left alone: streaming responses
-    watch for the disconnect themselves, and the listener aborts a client that
-    stops reading once its write deadline has passed.
+    gone; it counts the request in ``gone`` (``voxpool_clients_gone_total``). A
+    handler that cannot stop at once (one step that runs to its end, a whole
+    Whisper file on a session) still ends with a response: it is dropped, not
+    sent, so the request is logged as the 499 it is, not as a 200 nobody read.
+    Once a response has started it is left alone: streaming responses watch for
+    the disconnect themselves, and the listener aborts a client that stops
+    reading once its write deadline has passed.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, gone: Callable[[str], None] = lambda route: None) -> None:
         self.app = app
+        self.gone = gone
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -198,6 +216,8 @@ class CancelOnDisconnect:
 
         async def sending(message: Message) -> None:
             nonlocal started
+            if not started and disconnected.is_set():
+                return  # the client left before any response: nothing is sent (a 499)
             started = True
             await send(message)
 
@@ -208,6 +228,7 @@ class CancelOnDisconnect:
                     pass
                 disconnected.set()
             if not started:
+                self.gone(route_of(scope))
                 cancel.cancel()
 
         async with anyio.create_task_group() as tg:
@@ -300,5 +321,8 @@ def build_app(state: ServerState) -> ASGIApp:
         },
     )
     app.state.vox = state
-    inner = CancelOnDisconnect(routes_live.WebSocketNotFound(app))
+    gone = state.metrics.clients_gone
+    inner = CancelOnDisconnect(
+        routes_live.WebSocketNotFound(app), lambda route: gone.labels(route).inc()
+    )
     return Observe(BodyLimit(inner, state.config.max_request_body_bytes), state)

@@ -200,6 +200,61 @@ def test_a_client_gone_before_the_response_is_logged_as_499(tmp_path: Path) -> N
         assert holder.result(timeout=HANG_GUARD_S).status_code == 200
 
 
+def _metric(server: LiveServer, line_start: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=HANG_GUARD_S).text
+    found = next((ln for ln in text.splitlines() if ln.startswith(line_start + " ")), None)
+    return float(found.split()[-1]) if found else 0.0
+
+
+def test_a_client_gone_while_its_request_runs_is_logged_as_499(tmp_path: Path) -> None:
+    """A transcription that cannot stop mid-file (a session's whole run) still ends after its
+    client went away: its answer is dropped, not sent, and the request is a 499 in the
+    access log and the metrics, not a 200 nobody read; the departure is counted once it is
+    seen (``voxpool_clients_gone_total``), which is when the test lets the run end."""
+    gone = 'voxpool_clients_gone_total{route="/v1/audio/transcriptions"}'
+    status = 'voxpool_request_seconds_count{model="whisper",route="/v1/audio/transcriptions",'
+    with serving(DATA / "main.json", tmp_path) as server, server.held("whisper") as step:
+        before = _metric(server, gone)
+        wav = HELLO_WAV.read_bytes()
+        parts = (
+            b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            b"Content-Type: audio/wav\r\n\r\n" + wav + b"\r\n--b--\r\n"
+        )
+        head = (
+            "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-Id: gone-2\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\n"
+            f"Content-Length: {len(parts)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S) as sock:
+            sock.sendall(head.encode() + parts)
+            server.wait_arrived("whisper", step + 1)  # running in its slot, held at the gate
+        wait_until("the departure to be seen", lambda: _metric(server, gone) > before)
+        server.open("whisper")
+        line = access_line(server, "gone-2")
+        assert (line["path"], line["status"], line["model"]) == (
+            "/v1/audio/transcriptions",
+            "499",
+            "whisper",
+        )
+        assert _metric(server, status + 'status="499"}') == 1.0
+        assert _metric(server, status + 'status="200"}') == 0.0
+
+
+def test_metrics_label_requests_by_route_not_by_the_path_asked_for(
+    main_server: LiveServer, http: httpx.Client
+) -> None:
+    """A client cannot add metric series (and memory) by asking for paths or ids that do not
+    exist: they are counted under the route they matched, or under ``(unmatched)``."""
+    for i in range(3):
+        assert http.get(f"/v1/nothing/{i}-x").status_code == 404
+        assert http.get(f"/v1/models/ghost-{i}").status_code == 404
+    text = http.get("/metrics").text
+    assert 'route="(unmatched)",status="404"' in text
+    assert 'route="/v1/models/{id}",status="404"' in text
+    assert "ghost-" not in text and "/v1/nothing" not in text
+
+
 LEVEL_REQUESTS = (
     ("GET", "/v1/models", 200),  # a status poll: debug
     ("GET", "/health", 200),  # a status poll: debug
