@@ -80,6 +80,28 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the offending key."""
 
 
+MODEL_KEYS = (
+    "id",
+    "family",
+    "task",
+    "mode",
+    "path",
+    "slots",
+    "batching",
+    "lazy",
+    "backend",
+    "device",
+    "busy_timeout_ms",
+    "memory_mb",
+    "load_options",
+    "session_options",
+    "default_request_options",
+    "voice_aliases",
+)
+"""The keys of a ``models[]`` entry that :func:`parse_model` reads (a management load's
+body takes these and no others)."""
+
+
 @attrs.frozen
 class ModelConfig:
     """One ``models[]`` entry."""
@@ -374,6 +396,36 @@ def parse_model(
         voice_aliases=_voice_aliases(raw, entry, where),
         batching=batching,
     )
+
+
+def entry_of(spec: ModelSpec) -> dict[str, Any]:
+    """:meth:`ModelConfig.spec` undone: a registered model's settings as the ``models[]``
+    entry :func:`parse_model` gives them back from (what a load naming its id starts from).
+    Its voice aliases are written over the family's default table: an alias the model
+    removed is given as null."""
+    aliases = dict(spec.extra.get("voice_aliases", {}))
+    removed = {name: None for name in registry.family(spec.family).aliases() if name not in aliases}
+    entry: dict[str, Any] = {
+        "id": spec.id,
+        "family": spec.family,
+        "task": spec.task,
+        "mode": spec.mode,
+        "path": spec.path,
+        "slots": spec.slots,
+        "batching": spec.batching,
+        "backend": spec.backend,
+        "device": spec.device,
+        "lazy": spec.lazy,
+        "memory_mb": spec.memory_bytes // (1024 * 1024),
+        "load_options": dict(spec.load_options),
+        "session_options": dict(spec.session_options),
+        "default_request_options": dict(spec.extra.get("default_request_options", {})),
+    }
+    if spec.busy_timeout_ms is not None:
+        entry["busy_timeout_ms"] = spec.busy_timeout_ms
+    if aliases or removed:
+        entry["voice_aliases"] = {**removed, **aliases}
+    return entry
 
 
 def parse_config(

@@ -301,7 +301,7 @@ def by_task(
 
 def load_body(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
     """``/v1/models/load``: a subset of what it takes (a ``models[]`` entry,
-    :data:`server.http.routes_models.LOAD_KEYS`), every body of which it accepts.
+    :data:`server.config.MODEL_KEYS`), every body of which it accepts.
 
     A family with its own ``load_options``, or an existing id reconfigured (its family
     left out or the same).

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.policy import RuntimeKind
-from server.config import MODES, ConfigError, parse_model
+from server.config import MODEL_KEYS, ConfigError, entry_of, parse_model
 from server.families import registry
 from server.http.body import json_object
 from server.http.errors import ApiError, bad, show
@@ -86,27 +86,6 @@ def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
     return data
 
 
-LOAD_KEYS = (
-    "id",
-    "family",
-    "task",
-    "mode",
-    "path",
-    "slots",
-    "batching",
-    "lazy",
-    "backend",
-    "device",
-    "busy_timeout_ms",
-    "memory_mb",
-    "load_options",
-    "session_options",
-    "default_request_options",
-    "voice_aliases",
-)
-"""What a management load may give: a ``server.json`` ``models[]`` entry's keys."""
-
-
 async def load(request: Request) -> Response:
     """Register and load a new id, or reconfigure an existing one.
 
@@ -123,9 +102,9 @@ async def load(request: Request) -> Response:
     model_id = body.get("id")
     if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
         raise bad(f"'id' is required: 1 to {MAX_ID_CHARS} letters, digits and . _ : -")
-    unknown = sorted(k for k in body if k not in LOAD_KEYS)
+    unknown = sorted(k for k in body if k not in MODEL_KEYS)
     if unknown:
-        raise bad(f"unknown keys {show(unknown)}: a load takes {', '.join(LOAD_KEYS)}")
+        raise bad(f"unknown keys {show(unknown)}: a load takes {', '.join(MODEL_KEYS)}")
     existing = st.runtime.specs.get(model_id)
     family = body.get("family", existing.family if existing is not None else None)
     if not registry.is_family(family):
@@ -136,8 +115,6 @@ async def load(request: Request) -> Response:
             f"model {model_id!r} is a {existing.family} model: an id keeps its family "
             f"(load {family} under another id)",
         )
-    if body.get("mode", "offline") not in MODES:
-        raise bad("mode must be 'offline' or 'streaming'")
     if isinstance(body.get("slots"), float) and body["slots"].is_integer():
         body["slots"] = int(body["slots"])  # JSON has one number type: 2.0 is the integer 2
     if existing is None:
@@ -170,35 +147,6 @@ def merged_entry(
     if isinstance(given, Mapping):
         raw["voice_aliases"] = {**base.get("voice_aliases", {}), **given}
     return raw
-
-
-def entry_of(spec: ModelSpec) -> dict[str, Any]:
-    """A registered model's settings as the ``models[]`` entry that gives them back (what a
-    load naming its id starts from). Its voice aliases are written over the family's
-    default table: an alias the model removed is given as null."""
-    aliases = dict(spec.extra.get("voice_aliases", {}))
-    removed = {name: None for name in registry.family(spec.family).aliases() if name not in aliases}
-    entry: dict[str, Any] = {
-        "id": spec.id,
-        "family": spec.family,
-        "task": spec.task,
-        "mode": spec.mode,
-        "path": spec.path,
-        "slots": spec.slots,
-        "batching": spec.batching,
-        "backend": spec.backend,
-        "device": spec.device,
-        "lazy": spec.lazy,
-        "memory_mb": spec.memory_bytes // (1024 * 1024),
-        "load_options": dict(spec.load_options),
-        "session_options": dict(spec.session_options),
-        "default_request_options": dict(spec.extra.get("default_request_options", {})),
-    }
-    if spec.busy_timeout_ms is not None:
-        entry["busy_timeout_ms"] = spec.busy_timeout_ms
-    if aliases or removed:
-        entry["voice_aliases"] = {**removed, **aliases}
-    return entry
 
 
 async def unload(request: Request) -> Response:

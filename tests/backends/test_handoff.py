@@ -36,10 +36,12 @@ def _wait_until(condition: object, what: str) -> None:
 
 
 def _parts(rows: int, count: int, row_cuts: int, panel_cuts: int) -> np.ndarray:
-    r = sorted({0, rows, *(rows * i // row_cuts for i in range(row_cuts))})
-    q = sorted({0, count, *(count * i // panel_cuts for i in range(panel_cuts))})
     return np.array(
-        [(r0, r1, lo, hi) for r0, r1 in itertools.pairwise(r) for lo, hi in itertools.pairwise(q)],
+        [
+            (r0, r1, lo, hi)
+            for r0, r1 in _row_cuts(rows, row_cuts).tolist()
+            for lo, hi in _row_cuts(count, panel_cuts).tolist()
+        ],
         np.int64,
     )
 

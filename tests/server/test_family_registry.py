@@ -16,6 +16,7 @@ import json
 import wave
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -263,3 +264,29 @@ def test_a_path_is_refused_where_it_cannot_be_used(tmp_path: Path) -> None:
         {"models": [{"id": "w", "family": "whisper", "path": str(tmp_path)}]}
     ).models
     assert model.path == str(tmp_path)
+
+
+def test_model_keys_are_what_parse_model_reads() -> None:
+    """``MODEL_KEYS`` (what a management load may give) is the one list of a ``models[]``
+    entry's keys: exactly those ``parse_model`` reads."""
+    from core.policy import RuntimeKind
+    from server.config import MODEL_KEYS, parse_model
+
+    read: set[str] = set()
+
+    class Entry(dict[str, Any]):
+        def get(self, key: str, default: Any = None) -> Any:
+            read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            read.add(str(key))
+            return super().__contains__(key)
+
+    parse_model(Entry(id="t", family="piper"), {}, RuntimeKind.PARALLEL, None)
+    assert read == set(MODEL_KEYS)
+    assert len(MODEL_KEYS) == len(set(MODEL_KEYS))
