@@ -9,6 +9,7 @@ raised into an outcome and records the action's start and end in the trace.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -157,10 +158,12 @@ class ActionPlayer:
 
     async def request(self, a: Action) -> Any:
         req = {"duration": self._duration(a), "fail": a.params.get("fail", False)}
-        if "fail_step" in a.params:
-            req["fail_step"] = a.params["fail_step"]
+        for key in ("fail_step", "steps"):
+            if key in a.params:
+                req[key] = a.params[key]
         async with self.rt.acquire(a.model, a.params.get("timeout_ms")) as held:
             self.outcomes[a.id].granted = held.lease.granted_at
+            self.outcomes[a.id].running = self.clock.now()
             return await self.rt.run_on(held, req)
 
     async def stream(self, a: Action) -> Any:
@@ -175,7 +178,7 @@ class ActionPlayer:
         return got
 
     async def batch(self, a: Action) -> Any:
-        item = {"duration": self._duration(a)}
+        item = {"duration": self._duration(a), "steps": a.params.get("steps", 1)}
         async with self.rt.acquire(a.model, a.params.get("timeout_ms")) as held:
             self.outcomes[a.id].granted = held.lease.granted_at
             return await self.rt.batch_on(held, [item] * int(a.params.get("count", 2)))
@@ -243,7 +246,7 @@ class ActionPlayer:
 
         def fire() -> None:
             if target in self.scopes:
-                self.scopes[target].cancel()
+                self.cancel(target)
             elif (
                 self.outcomes[target].outcome == "pending"
             ):  # not started yet: wait for the next one
@@ -252,12 +255,20 @@ class ActionPlayer:
         self.provider.on_next(self.targets[target], event, fire)
 
     def leave_all(self, model: str) -> None:
-        for action_id, scope in self.scopes.items():
+        for action_id in self.scopes:
             if self.targets[action_id] == model and self.outcomes[action_id].outcome == "pending":
-                scope.cancel()
+                self.cancel(action_id)
 
     def leave(self, target: str) -> None:
         if target in self.scopes:
-            self.scopes[target].cancel()
+            self.cancel(target)
         else:
             self.doomed.add(target)
+
+    def cancel(self, action_id: str) -> None:
+        """The client of a started action leaves: its scope is cancelled (the first time noted
+        in its outcome's ``left``)."""
+        out = self.outcomes[action_id]
+        if math.isnan(out.left) and out.outcome == "pending":
+            out.left = self.clock.now()
+        self.scopes[action_id].cancel()

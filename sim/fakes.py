@@ -20,6 +20,7 @@ import attrs
 
 from core.engine import BatchEngine, Emitted, Member
 from core.pool import Interface, Session, SessionFactory
+from core.stopping import stop_point
 from server.runtime.ports import Clock, ModelSpec
 
 
@@ -322,11 +323,19 @@ class FakeProvider:
             self.premature.append(f"session {session.sid} used after destruction")
         return session
 
+    async def _work(self, seconds: float, steps: int) -> None:
+        """``seconds`` of session work in ``steps`` equal steps, with a stop point between
+        two steps (:mod:`core.stopping`: a cancelled request's run ends there)."""
+        for i in range(steps):
+            if i:
+                stop_point()
+            await self._sleep(seconds / steps)
+
     async def run(self, session: Session, request: Any) -> Any:
         s = self._check(session)
         req = dict(request or {})
         script = self.script(s.weights.model)
-        await self._sleep(float(req.get("duration", script.run_time)))
+        await self._work(float(req.get("duration", script.run_time)), int(req.get("steps", 1)))
         s.runs += 1
         if req.get("fail"):
             raise FakeRunError("injected run failure")
@@ -346,7 +355,8 @@ class FakeProvider:
         s = self._check(session)
         script = self.script(s.weights.model)
         total = sum(float(dict(r or {}).get("duration", script.run_time)) for r in requests)
-        await self._sleep(total)
+        steps = max((int(dict(r or {}).get("steps", 1)) for r in requests), default=1)
+        await self._work(total, steps)
         s.runs += len(requests)
         return [
             {"revision": s.weights.revision, "session": s.sid, "index": i}

@@ -74,6 +74,8 @@ def _expected(a: Action, failure: str) -> Expect:
         return Expect(a.id, outcome="busy", reason="shutting_down")
     if "original runtime" in failure:
         return Expect(a.id, outcome="invalid", reason="slots_require_parallel")
+    if "stop point" in failure:  # late_stops: its client left, so it ends cancelled
+        return Expect(a.id, outcome="cancelled")
     return Expect(a.id, outcome="error" if a.params.get("fail") else "ok")
 
 

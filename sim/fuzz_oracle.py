@@ -28,9 +28,10 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
     management (load, unload, reconfigure, register) are refused busy with
     ``shutting_down``, unless the model is unknown (not found). Before it, a
     request with an unbounded timeout on a model that nothing manages, faults
-    or can evict is never refused busy.
+    or can evict is never refused busy. A run with stop points whose client left
+    ends by its first stop point after that (:func:`late_stops`).
     """
-    out = []
+    out = late_stops(s, result)
     for o in result.outcomes.values():
         if o.outcome == "pending":
             out.append(f"{o.id}: never resolved")
@@ -85,6 +86,32 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
             and o.outcome == "busy"
         ):
             out.append(f"{a.id}: busy ({o.reason}) with an unbounded timeout on an unmanaged model")
+    return out
+
+
+def late_stops(s: Scenario, result: RunResult) -> list[str]:
+    """Requests (on a model with a session per lease) run in ``steps`` equal steps with a
+    stop point between two (:mod:`core.stopping`): one whose client left while it held
+    its lease must end by the first stop point after its departure (or at its end), not
+    run on to its end holding the slot."""
+    out = []
+    batched = {m.id for m in s.models if m.batching}
+    for a in s.actions:
+        o = result.outcomes[a.id]
+        steps = int(a.params.get("steps", 1))
+        if a.do != "request" or steps <= 1 or "duration" not in a.params or a.model in batched:
+            continue
+        if math.isnan(o.left) or math.isnan(o.running) or math.isnan(o.ended):
+            continue
+        step = float(a.params["duration"]) / steps
+        k = min(steps, max(1, math.ceil((o.left - o.running) / step - 1e-9)))
+        bound = o.running + k * step
+        if o.ended > bound + 1e-6:
+            out.append(
+                f"{a.id}: ran on after its client left ({o.left:g}; running since "
+                f"{o.running:g}) past its stop point at t={bound:.6f} to {o.ended:g} "
+                f"('{a.model}')"
+            )
     return out
 
 

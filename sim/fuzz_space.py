@@ -2,11 +2,11 @@
 
 One or two fake models (slots, durations, slow teardowns, load, null-primary
 and clone faults, memory estimates, lazy or eager, batched or one session per
-lease) on either runtime, every
-runtime knob (busy timeouts including 0, ``max_loaded_models``, a memory
-budget, ``max_queue``, ``idle_unload_ms``), and a timeline of every action
-kind: requests (some failing, on a batched model some at a step), streams
-(some read slowly), batches, loads, unloads, reconfigurations and
+lease) on either runtime, every runtime knob (busy timeouts including 0,
+``max_loaded_models``, a memory budget, ``max_queue``, ``idle_unload_ms``), and
+a timeline of every action kind: requests (some failing, on a batched model
+some at a step, on another some run in steps with stop points between them),
+streams (some read slowly), batches, loads, unloads, reconfigurations and
 registrations with any spec field (a new id with its own load time and
 faults), faults changed on the fly, shutdowns, status probes, bulk unloads and
 disconnects (at a time, or every client of a model at its load end). The
@@ -26,6 +26,7 @@ MODEL_IDS = ("a", "b")
 NEW_ID = "c"  # registered at run time only (requests, unloads and status probes may name it first)
 TIMES = (0.0, 0.5, 1.0, 0.25, 1.5, 2.0, 3.0, 4.0, 6.0)
 DURATIONS = (5.0, 1.0, 0.2, 3.0)
+STEPS = (1, 1, 4)  # a request's run in this many steps, a stop point between two
 REQUEST_TIMEOUTS = (None, 100, 1000, 0)
 KINDS = (
     "request",
@@ -162,6 +163,10 @@ def _action(
         if do == "request" and draw(st.sampled_from((False, False, False, True))):
             failure = draw(st.sampled_from(("fail", "fail_step"))) if model in batched else "fail"
             params[failure] = True
+        if do == "request" and model not in batched:
+            steps = draw(st.sampled_from(STEPS))
+            if steps > 1:
+                params["steps"] = steps  # stop points between steps (core.stopping)
     elif do in ("reconfigure", "register"):  # explicit slots are refused on the original runtime
         params.update(draw(_spec_fields(model == NEW_ID)))
     elif do == "fault":

@@ -24,6 +24,8 @@ class ActionOutcome:
     started: float = math.nan
     ended: float = math.nan
     granted: float = math.nan  # request/batch: when its lease was granted
+    running: float = math.nan  # request: when its run started on the session
+    left: float = math.nan  # when its client left (a disconnect cancelled it)
 
 
 @attrs.define

@@ -41,6 +41,9 @@ the fuzzer when it shrinks a failure, and run by ``voxpool sim run``. Format::
     duration = 5.0              # request/batch item run time
     timeout_ms = 15             # request busy_timeout_ms override
     fail = false                # the run raises
+    steps = 4                   # request/batch: the run in 4 equal steps with a
+                                # stop point between two (core.stopping): a
+                                # cancelled run ends at the next one
     chunks = 3                  # stream: chunk count
     chunk_time = 0.2            # stream: time per chunk
     read_time = 0.5             # stream: the client's pause before reading

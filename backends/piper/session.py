@@ -28,6 +28,7 @@ from backends.piper.batched import PiperEngine
 from backends.piper.model import PiperModel, Synthesis
 from backends.piper.progress import Progress, check_request, request_rng, result_of
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
+from core.stopping import stop_point
 
 FAMILY = "piper"
 TASK = "tts"
@@ -97,6 +98,7 @@ class PiperSession(HasIdentity):
     def _generate(self, request: PiperRequest, rng: np.random.Generator) -> Iterator[PiperChunk]:
         progress = Progress.start(self.model, request, rng)
         while not progress.done:
+            stop_point()  # between sentences (core.stopping)
             item = progress.next_input()
             try:
                 synthesis: Synthesis | Exception = self.model.synthesize_ids(

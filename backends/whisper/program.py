@@ -47,6 +47,7 @@ from backends.whisper.longform import (
 )
 from backends.whisper.tokenizer import TIME_PRECISION, WhisperTokenizer
 from backends.whisper.types import WhisperRequest, WhisperResult
+from core.stopping import stop_point
 
 
 @attrs.frozen
@@ -198,9 +199,11 @@ class Executor:
         self.state = state
 
     def windows(self, program: Program) -> Iterator[Window]:
-        """Run ``program`` to its end, yielding its windows as they are decoded."""
+        """Run ``program`` to its end, yielding its windows as they are decoded. Each operation
+        is a stop point (:mod:`core.stopping`): a run whose caller gave up ends there."""
         answer: Any = None
         while True:
+            stop_point()
             try:
                 item = program.send(answer)
             except StopIteration:

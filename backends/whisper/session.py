@@ -43,6 +43,7 @@ from backends.whisper.tokenizer import WhisperTokenizer
 from backends.whisper.types import WhisperRequest, WhisperResult
 from core.engine import Member
 from core.pool import MAX_PARALLEL_SESSIONS, Interface
+from core.stopping import stop_point
 
 FAMILY: Final = "whisper"
 TASK: Final = "asr"
@@ -122,6 +123,7 @@ class WhisperSession(HasIdentity):
                 yield from emitted.chunks
                 if emitted.done:
                     return
+                stop_point()  # between the engine's steps (core.stopping)
                 (emitted,) = engine.step([0])
         finally:
             engine.close()

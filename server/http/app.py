@@ -178,12 +178,12 @@ class CancelOnDisconnect:
 
     Once the request body has been read, a watcher waits for ``http.disconnect``
     and, if no response has started, cancels the handler, so a request still
-    queued for a slot leaves the queue (and one running releases its lease when
-    its current step ends) instead of holding its place for a client that is
-    gone; it counts the request in ``gone`` (``voxpool_clients_gone_total``). A
-    handler that cannot stop at once (one step that runs to its end, a whole
-    Whisper file on a session) still ends with a response: it is dropped, not
-    sent, so the request is logged as the 499 it is, not as a 200 nobody read.
+    queued for a slot leaves the queue (and one running releases its lease at
+    its session's next stop point, :mod:`core.stopping`) instead of holding its
+    place for a client that is gone; it counts the request in ``gone``
+    (``voxpool_clients_gone_total``). A handler whose work ends anyway before a
+    stop point still ends with a response: it is dropped, not sent, so the
+    request is logged as the 499 it is, not as a 200 nobody read.
     Once a response has started it is left alone: streaming responses watch for
     the disconnect themselves, and the listener aborts a client that stops
     reading once its write deadline has passed.

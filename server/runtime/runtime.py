@@ -8,7 +8,8 @@ keeps that core cannot see:
   error, cancellation or disconnect (``acquire`` is a context manager);
 * session work is shielded from cancellation: a call that started finishes
   before its session can be reused or closed; cancellation takes effect between
-  calls (between stream chunks);
+  calls (between stream chunks), and within a ``run`` or ``batch`` at the
+  session's next stop point (:mod:`server.runtime.stoppable`);
 * a queued waiter whose client goes away leaves the queue at once;
 * loads and teardowns are shielded too: an initializer whose client leaves
   still publishes the pool others wait for.
@@ -58,6 +59,7 @@ from server.runtime.ports import (
     SystemClock,
 )
 from server.runtime.state import LivePool, RuntimeConfig
+from server.runtime.stoppable import shielded_stoppable
 from server.runtime.waits import WaitTable
 
 log = logging.getLogger("voxpool.runtime")
@@ -530,26 +532,30 @@ class Runtime:
 
     # --------------------------------------------------------- session work
     async def run_on(self, held: Held, request: Any) -> Any:
-        """Run one request on a held session (shielded: it finishes before the lease ends), or,
+        """Run one request on a held session (shielded: it finishes, or stops at a stop point
+        once cancelled, before the lease ends), or,
         for a ``batching`` model, as one member of its batch (it has left the batch before
         the lease ends)."""
         driver = self.pools[held.model].driver
         if driver is not None:
             return await driver.run(request)
-        with anyio.CancelScope(shield=True):
-            result = await self.provider.run(held.session, request)
-        return result
+        session = held.session
+        return await shielded_stoppable(lambda: self.provider.run(session, request))
 
     async def batch_on(self, held: Held, requests: Sequence[Any]) -> list[Any]:
-        """Run a native batch on a held session (shielded). A ``batching`` model's leases
-        share its one session (the primary), so their native batches take turns on it."""
-        with anyio.CancelScope(shield=True):
-            live = self.pools[held.model]
+        """Run a native batch on a held session (shielded, stoppable as ``run_on``). A
+        ``batching`` model's leases share its one session (the primary), so their native
+        batches take turns on it."""
+        live = self.pools[held.model]
+        session = held.session
+
+        async def batch() -> list[Any]:
             if live.spec.batching:
                 async with live.session_lock:
-                    return await self.provider.batch(held.session, requests)
-            results = await self.provider.batch(held.session, requests)
-        return results
+                    return await self.provider.batch(session, requests)
+            return await self.provider.batch(session, requests)
+
+        return await shielded_stoppable(batch)
 
     async def run(
         self,

@@ -5,9 +5,10 @@ core or ``server.runtime`` for the duration of the block and restores it after.
 Each reintroduces exactly one bug from the reference (docs/reference.md;
 docs/reference-cases.md maps its cases to tests): §3.9 (the v1 scheduler),
 §8.1-8.4 and §6.5, plus the three race reports of issue #10 (idle clock,
-abandoned initializer, re-registration reload). The tests in this folder prove
-that the simulator (its scenario files and its fuzzer) catches every one of
-them, and that the real code passes the same checks.
+abandoned initializer, re-registration reload) and a run that ignores its stop
+flag (:mod:`core.stopping`). The tests in this folder prove that the simulator
+(its scenario files and its fuzzer) catches every one of them, and that the real
+code passes the same checks.
 
 ``SIMULATED`` mutants live in code the simulator runs: all of them, since the
 runtime drives :mod:`core.batching` for models registered with ``batching``
@@ -21,6 +22,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import attrs
 
 from core.admission import Admission, Decision, Granted, Wakeups
@@ -42,7 +44,7 @@ from core.recorder import Core, wakeup_fields
 from core.residency import RoomDecision
 from server.runtime.management import Management
 from server.runtime.ports import ModelSpec
-from server.runtime.runtime import Runtime
+from server.runtime.runtime import Held, Runtime
 
 Mutant = Callable[[], contextlib.AbstractContextManager[None]]
 
@@ -140,6 +142,16 @@ def _session_zero(self: Runtime, model: str, lease: Lease) -> Any:
     if live is None:
         return _real_session_for(self, model, lease)
     return live.pool.at(0)
+
+
+async def _run_ignores_stop(self: Runtime, held: Held, request: Any) -> Any:
+    """The session call shielded without a stop flag: a cancelled run holds its slot to the
+    end (the runtime before stop points; a Whisper file's every window)."""
+    driver = self.pools[held.model].driver
+    if driver is not None:
+        return await driver.run(request)
+    with anyio.CancelScope(shield=True):
+        return await self.provider.run(held.session, request)
 
 
 async def _ensure_loaded_no_recheck(self: Runtime, model: str, lease: Lease) -> Any:
@@ -276,6 +288,16 @@ MUTANTS: dict[str, MutantInfo] = {
             "Runtime.session_for returns pool.at(0)",
             _one(Runtime, "session_for", _session_zero),
             "tests/mutants/scenarios/session_per_slot.toml",
+        ),
+        MutantInfo(
+            "run_ignores_stop",
+            "a request whose client left runs on to the end of its session call, "
+            "holding its slot past the call's next stop point",
+            "session 16 (an outside probe: an abandoned Whisper file held its slot for the "
+            "whole file)",
+            "Runtime.run_on shields the call without raising its stop flag",
+            _one(Runtime, "run_on", _run_ignores_stop),
+            "scenarios/disconnect_while_running_stops_at_a_step.toml",
         ),
         MutantInfo(
             "double_first_load",

@@ -30,9 +30,10 @@ from tests.mutants.catalogue import MUTANTS, SIMULATED
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ_EXAMPLES = 6000
-"""Runs the search may draw before its first failure: about twice what the slowest mutant
-needs from seed 0 (``abandoned_initializer_strands``: 2,790, about 35 s on a loaded
-2-core machine; the others 2-562)."""
+"""Runs the search may draw before its first failure: about five times what the slowest
+mutant needs from seed 0 (``manager_timeout_strands``: 1,185 since session 16's space;
+``abandoned_initializer_strands`` 750, ``run_ignores_stop`` 450, the others 2-184); over
+seeds 0-2 the most any needed was 2,470 (docs/performance.md, "Mutant detection")."""
 SHRINK_EXAMPLES = 1000
 """Runs it may spend shrinking (the mutants' shrinks take 29-345)."""
 SAFETY_S = 600.0
