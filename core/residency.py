@@ -23,7 +23,7 @@ from core.entry import ModelEntry
 from core.events import Reason
 from core.lease import Lease
 from core.lifecycle import ModelState, StartLoad
-from core.policy import Limit, bound, excess
+from core.policy import Limit, bound, exceeds, excess
 
 
 @attrs.frozen
@@ -65,18 +65,33 @@ class RoomDecision:
 
     ``load`` is set when the caller must load (after evicting ``evictions``);
     ``refused`` when there is no room; ``retry`` names a waiting holder that
-    becomes the next initializer after a refusal.
+    becomes the next initializer after a refusal. ``never`` marks a refusal no wait
+    cures: the model's own memory estimate exceeds the whole budget.
     """
 
     evictions: tuple[Eviction, ...] = ()
     load: StartLoad | None = None
     refused: tuple[Reason, str] | None = None
     retry: StartLoad | None = None
+    never: bool = False
 
 
 def make_room(registry: Models, incoming: ModelEntry, now: float) -> RoomDecision:
-    """Take the idle LRU victims needed so that ``incoming`` fits the limits, or refuse."""
+    """Take the idle LRU victims needed so that ``incoming`` fits the limits, or refuse: with
+    "retry later" when busy models hold the room, for good (``never``, nothing evicted) when
+    ``incoming`` alone exceeds the memory budget."""
     limits = registry.limits
+    if exceeds(incoming.memory_bytes, limits.memory_budget):
+        return RoomDecision(
+            refused=(
+                Reason.MEMORY_BUDGET,
+                f"cannot load model '{incoming.id}': its memory estimate of "
+                f"{incoming.memory_bytes} bytes exceeds the whole memory budget of "
+                f"{limits.memory_budget} bytes, so it can never load "
+                "(lower its memory_mb or raise memory_budget_mb)",
+            ),
+            never=True,
+        )
     others = [e for e in registry.entries() if e is not incoming and e.resident]
     need_models = excess(len(others) + 1, limits.max_loaded_models)
     need_bytes = excess(

@@ -8,11 +8,70 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from core.pool import MAX_BATCH_SLOTS, MAX_PARALLEL_SESSIONS
 from server import cmd_ray
 from server.families import registry
+
+
+def output_file(text: str) -> str:
+    """``text`` if a command may write the file: not a directory, in an existing directory it
+    may write to (checked as the arguments are parsed, before any long work)."""
+    path = Path(text)
+    folder = path.parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a file")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: no directory {str(folder)!r}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: permission denied")
+    return text
+
+
+def request_seed(text: str) -> int:
+    """``text`` as a model request's seed: an integer in the range the server's requests accept
+    (:data:`server.families.http.SEED_MAX`, Piper's and Whisper's own bound)."""
+    from server.families.http import SEED_MAX
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{SEED_MAX}, got {text}")
+    return value
+
+
+def _number(text: str) -> float:
+    """``text`` as a number that is not NaN (no comparison with NaN ever holds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """``text`` as a time budget: finite and > 0 (an infinite one never ends its search)."""
+    value = _number(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def at_least_zero(text: str) -> float:
+    """``text`` as a goal's bound: >= 0 (a negative latency or rate can never be met)."""
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,16 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("task", choices=tasks)
     run.add_argument("input", nargs="?", help="input WAV (asr, vad)")
     run.add_argument("--text", help="text to speak (tts)")
-    run.add_argument("-o", "--output", help="output file")
+    run.add_argument(
+        "-o",
+        "--output",
+        type=output_file,
+        help="output file: tts audio in the format its suffix names (.wav, .mp3, ...: the "
+        "server's response formats); asr and vad write their result as the server's JSON",
+    )
     run.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "opencl", "cuda"])
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=request_seed, default=0)
 
     val = sub.add_parser(
         "validate",
         help="the model validation procedure's admission gate for one family at one slot count",
     )
     val.add_argument("--model", required=True, choices=registry.validated())
-    val.add_argument("--slots", type=int, default=2)
+    val.add_argument(
+        "--slots",
+        type=int,
+        default=2,
+        help=f"1..{MAX_PARALLEL_SESSIONS} (1..{MAX_BATCH_SLOTS} with --batching: engine rows)",
+    )
     val.add_argument("--starts", type=int, default=3, help="fresh runtime starts (seed minimum 3)")
     val.add_argument(
         "--waves", type=int, default=10, help="mixed warm waves per start (seed minimum 10)"
@@ -68,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one of the model's load_options, as in the config (e.g. batch_math=gemm); repeatable",
     )
     val.add_argument("--framework", action="store_true", help="also run the F1-F6 test subsets")
-    val.add_argument("--out", help="write the JSON record here")
+    val.add_argument("--out", type=output_file, help="write the JSON record here")
 
     cmd_ray.add_parser(sub)
 
@@ -77,10 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     srun = simsub.add_parser("run", help="run a scenario file and check its expectations")
     srun.add_argument("file")
     srun.add_argument("--seed", type=int)
-    srun.add_argument("--trace", help="write the trace (JSON lines) here")
-    srun.add_argument("--plot", help="draw the timeline (.svg or .png)")
+    srun.add_argument("--trace", type=output_file, help="write the trace (JSON lines) here")
+    srun.add_argument("--plot", type=output_file, help="draw the timeline (.svg or .png)")
     fuzz = simsub.add_parser("fuzz", help="search random workloads for invariant violations")
-    fuzz.add_argument("--budget", type=float, default=60.0, help="seconds of search")
+    fuzz.add_argument("--budget", type=positive_seconds, default=60.0, help="seconds of search")
     fuzz.add_argument("--seed", type=int, default=0)
     fuzz.add_argument("--out", default="fuzz-out", help="where shrunk failures are written")
     fuzz.add_argument("--mutant", help=argparse.SUPPRESS)  # tests/mutants: fuzz a re-introduced bug
@@ -92,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("workload", help="the workload TOML file (docs/fleet.md)")
     fleet.add_argument("--seed", type=int, help="default: the workload's seed")
     fleet.add_argument("--sweep-replicas", metavar="A..B", help="run on A..B fixed replicas")
-    fleet.add_argument("--max-p99", type=float, metavar="SECONDS", help="a sweep's p99 goal")
-    fleet.add_argument("--max-busy-rate", type=float, metavar="FRACTION", help="503-rate goal")
+    fleet.add_argument(
+        "--max-p99", type=at_least_zero, metavar="SECONDS", help="a sweep's p99 goal"
+    )
+    fleet.add_argument(
+        "--max-busy-rate", type=at_least_zero, metavar="FRACTION", help="503-rate goal"
+    )
     fleet.add_argument("--out", help="write fleet.txt and fleet.png here")
     fleet.add_argument("--no-monitors", action="store_true", help="skip the decision monitors")
     return parser

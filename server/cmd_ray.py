@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from server.config import ConfigError, parse_json
+from server.config import ConfigError, parse_json, read_config_text
 
 RAY_MISSING = "voxpool ray: Ray Serve is not installed (pip install 'voxpool[ray]')"
 
@@ -70,10 +70,7 @@ def ray_args(args: argparse.Namespace, inline: bool) -> dict[str, Any]:
 
 def inline_config(path: str) -> dict[str, Any]:
     """A server.json's object, checked: it must parse, and its paths must be absolute."""
-    try:
-        raw = parse_json(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    raw = parse_json(read_config_text(path))
     if not isinstance(raw, dict):
         raise ConfigError("the configuration must be a JSON object")
     paths = [m.get("path", "") for m in raw.get("models", []) if isinstance(m, dict)]

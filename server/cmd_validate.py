@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from core.policy import Invalid, validate_slots
 from server.validation import FAIL, PASS, PENDING, ROOT, run_gate
 
 
@@ -251,8 +252,12 @@ def build_record(
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.slots < 1 or args.slots > 16 or args.starts < 1 or args.waves < 1:
-        print("voxpool validate: --slots must be 1..16, --starts and --waves >= 1", file=sys.stderr)
+    slots = validate_slots(args.slots, batching=args.batching)
+    if isinstance(slots, Invalid):
+        print(f"voxpool validate: --slots {args.slots}: {slots.message}", file=sys.stderr)
+        return 2
+    if args.starts < 1 or args.waves < 1:
+        print("voxpool validate: --starts and --waves must be >= 1", file=sys.stderr)
         return 2
     pairs = [o.partition("=") for o in args.load_option]
     if any(not key or not sep for key, sep, _ in pairs):

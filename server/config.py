@@ -1,7 +1,8 @@
 """The server configuration: audio.cpp's ``server.json`` format (reference §2).
 
-Parsing is strict: duplicate JSON keys, unknown families or backends, negative
-durations and bad slot counts are rejected with a message naming the key.
+Parsing is strict: duplicate JSON keys, unknown keys, model ids a URL cannot name,
+unknown families or backends, negative durations, bad slot counts and a model over the
+whole memory budget are rejected with a message naming the key.
 Families, their tasks, modes and ``load_options`` come from the family registry
 (:mod:`server.families.registry`); backends are ``numpy`` (alias ``cpu``), ``opencl``
 and ``cuda``. With no file, :func:`embedded_default` describes the bundled models
@@ -17,11 +18,13 @@ UI keys (``ui``, ``voice_dir``...) are accepted and ignored.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -66,6 +69,13 @@ LIMIT_KEYS = (
 )
 """Per-request limits (docs/server.md, "Limits")."""
 MAX_ALIAS_CHARS = 64
+MIN_BODY_BYTES = 1024
+"""The smallest ``max_request_body_bytes``: room for any route's smallest useful body (a JSON
+request of a few fields); below it every POST would get 413."""
+MAX_ID_CHARS = 128
+MODEL_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
+MODEL_ID_RULE = f"1 to {MAX_ID_CHARS} letters, digits and . _ : -"
+"""A model id: what a URL path (``/v1/models/{id}``) and a management load can address."""
 IGNORED_MODEL = {
     "config",
     "weight",
@@ -100,6 +110,19 @@ MODEL_KEYS = (
 )
 """The keys of a ``models[]`` entry that :func:`parse_model` reads (a management load's
 body takes these and no others)."""
+
+
+def is_model_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a usable model id (:data:`MODEL_ID_RULE`): the one rule for a
+    config file's ids and a management load's."""
+    return isinstance(value, str) and MODEL_ID.fullmatch(value) is not None
+
+
+def unknown_model_keys(raw: Mapping[str, Any], ignored: Collection[str] = ()) -> list[str]:
+    """The keys of a ``models[]`` entry that are not :data:`MODEL_KEYS` (nor ``ignored``),
+    sorted and cut to 40 characters: a config file refuses them (it also takes audio.cpp's
+    :data:`IGNORED_MODEL`), and so does a management load (which takes no others)."""
+    return sorted(k[:40] for k in raw if k not in MODEL_KEYS and k not in ignored)
 
 
 @attrs.frozen
@@ -229,14 +252,16 @@ def _timeout_ms(raw: Mapping[str, Any], key: str, default: int, where: str = "")
 
 
 def _seconds(raw: Mapping[str, Any], key: str, default: float) -> float:
-    """A positive, finite number (a request limit)."""
+    """A positive number of seconds, at most :data:`MAX_JSON_INT` (a request limit or an I/O
+    deadline): the bound keeps every product of it finite (``max_audio_seconds`` times a
+    sample rate is a sample count; 1e308 would overflow to infinity)."""
     value = raw.get(key, default)
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or not 0 < value <= MAX_JSON_INT
     ):
-        raise ConfigError(f"{key} must be a number > 0")
+        raise ConfigError(f"{key} must be a number of seconds > 0 and <= {MAX_JSON_INT}")
     return float(value)
 
 
@@ -325,13 +350,20 @@ def _stringify(value: Any) -> str:
 def parse_model(
     raw: Any, server: Mapping[str, Any], runtime: RuntimeKind, base_dir: Path | None
 ) -> ModelConfig:
-    """Validate one ``models[]`` entry."""
+    """Validate one ``models[]`` entry: its id (:func:`is_model_id`), its keys
+    (:func:`unknown_model_keys`; audio.cpp's :data:`IGNORED_MODEL` are taken and ignored), and
+    its values, with ``server``'s defaults (``backend``, ``device``, ``lazy_load``) for what it
+    leaves out; a ``memory_mb`` over ``server``'s ``memory_budget_mb`` (when set) is refused,
+    since such a model could never load."""
     if not isinstance(raw, Mapping):
         raise ConfigError("every models[] entry must be an object")
     model_id = raw.get("id")
-    if not isinstance(model_id, str) or not model_id:
-        raise ConfigError("models[].id is required (a non-empty string)")
+    if not is_model_id(model_id):
+        raise ConfigError(f"models[].id is required: {MODEL_ID_RULE} (got {repr(model_id)[:40]})")
     where = f"model '{model_id}': "
+    unknown = unknown_model_keys(raw, IGNORED_MODEL)
+    if unknown:
+        raise ConfigError(f"{where}unknown keys {unknown} (an entry takes {', '.join(MODEL_KEYS)})")
     family = raw.get("family")
     if not registry.is_family(family):
         raise ConfigError(f"{where}unknown family {family!r} ({registry.listing()})")
@@ -371,6 +403,13 @@ def parse_model(
     busy = raw.get("busy_timeout_ms")
     if busy is not None:
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
+    memory_mb = _int(raw, "memory_mb", 0, where=where)
+    budget_mb = _int(server, "memory_budget_mb", 0)
+    if budget_mb and memory_mb > budget_mb:
+        raise ConfigError(
+            f"{where}memory_mb={memory_mb} exceeds memory_budget_mb={budget_mb}: the model "
+            "could never load (lower its memory_mb or raise memory_budget_mb)"
+        )
     dro = _options(raw, "default_request_options", where)
     if entry.task == "tts" and dro.get("response_format", "wav") not in SPEECH_RESPONSE_FORMATS:
         raise ConfigError(
@@ -387,7 +426,7 @@ def parse_model(
         slots=checked.value,
         slots_given=slots_raw is not MISSING,
         busy_timeout_ms=busy,
-        memory_mb=_int(raw, "memory_mb", 0, where=where),
+        memory_mb=memory_mb,
         backend=_backend(raw.get("backend", server.get("backend", "numpy")), where),
         device=str(raw.get("device", server.get("device", 0))),
         load_options=load_options,
@@ -507,7 +546,9 @@ def parse_config(
         backend=_backend(raw.get("backend", "numpy")),
         device=str(raw.get("device", 0)),
         lazy_load=_bool(raw, "lazy_load", True),
-        max_request_body_bytes=_int(raw, "max_request_body_bytes", 64 * 1024 * 1024),
+        max_request_body_bytes=_int(
+            raw, "max_request_body_bytes", 64 * 1024 * 1024, minimum=MIN_BODY_BYTES
+        ),
         busy_timeout_ms=_timeout_ms(raw, "busy_timeout_ms", 300_000),
         max_loaded_models=_int(raw, "max_loaded_models", 0),
         idle_unload_ms=_int(raw, "idle_unload_ms", 0),
@@ -536,11 +577,26 @@ def parse_config(
 def load_config(path: str | Path, *, runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:
     """Read and validate a ``server.json`` file (relative paths resolve against its folder)."""
     p = Path(path)
+    return parse_config(
+        parse_json(read_config_text(p)), runtime=runtime, base_dir=p.resolve().parent
+    )
+
+
+def read_config_text(path: str | Path) -> str:
+    """A config file's text: UTF-8, with or without a byte order mark (which is dropped); a file
+    that cannot be read or is not UTF-8 is a :class:`ConfigError` naming it."""
     try:
-        text = p.read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from exc
-    return parse_config(parse_json(text), runtime=runtime, base_dir=p.resolve().parent)
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    text = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        return text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = len(data) - len(text) + exc.start
+        raise ConfigError(
+            f"config {path} is not UTF-8 text: byte {at} is 0x{data[at]:02x} ({exc.reason})"
+        ) from exc
 
 
 def embedded_default(runtime: RuntimeKind = RuntimeKind.PARALLEL) -> ServerConfig:

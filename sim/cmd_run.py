@@ -1,8 +1,9 @@
 """``voxpool sim run FILE``: run one scenario, show what each action saw, check it.
 
 Exit status: 0 when every expectation and invariant holds, 1 when one does not,
-2 when the scenario cannot be read (or ``--plot`` is asked for but the timeline
-module is not available).
+2 when the scenario cannot be read or ``--plot`` cannot be drawn (the timeline
+module is not available, or the path's suffix is not a format it writes),
+checked before the scenario runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import argparse
 import importlib
 import math
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import IO
 
 from sim.runner import ActionOutcome, RunResult, check_expectations, run_scenario
@@ -70,11 +73,32 @@ def report(scenario: Scenario, result: RunResult, failures: list[str], out: IO[s
         )
 
 
+def plotter(path: str) -> ModuleType:
+    """The timeline module to draw ``path`` with; ValueError naming the problem when it is not
+    available or does not write ``path``'s format (decided before the scenario runs)."""
+    try:
+        timeline = importlib.import_module("sim.timeline")
+    except ModuleNotFoundError as exc:
+        if exc.name != "sim.timeline":
+            raise
+        raise ValueError("--plot needs sim/timeline.py, which is not available") from None
+    suffixes: tuple[str, ...] = timeline.SUFFIXES
+    if Path(path).suffix.lower() not in suffixes:
+        raise ValueError(f"--plot {path}: unsupported format; use {' or '.join(suffixes)}")
+    return timeline
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         scenario = load(args.file)
     except (OSError, ScenarioError, ValueError) as exc:
         print(f"voxpool sim run: cannot read scenario {args.file}: {exc}", file=sys.stderr)
+        return 2
+    plot_path = getattr(args, "plot", None)
+    try:
+        timeline = plotter(plot_path) if plot_path else None
+    except ValueError as exc:
+        print(f"voxpool sim run: {exc}", file=sys.stderr)
         return 2
     seed = getattr(args, "seed", None)
     trace_path = getattr(args, "trace", None)
@@ -87,18 +111,7 @@ def main(args: argparse.Namespace) -> int:
     report(scenario, result, failures, sys.stdout)
     if trace_path:
         print(f"trace written to {trace_path}")
-    plot_path = getattr(args, "plot", None)
-    if plot_path:
-        try:
-            timeline = importlib.import_module("sim.timeline")
-        except ModuleNotFoundError as exc:
-            if exc.name != "sim.timeline":
-                raise
-            print(
-                "voxpool sim run: --plot needs sim/timeline.py, which is not available",
-                file=sys.stderr,
-            )
-            return 2
+    if timeline is not None:
         timeline.draw(result, plot_path)
         print(f"timeline drawn to {plot_path}")
     return 1 if failures else 0

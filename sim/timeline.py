@@ -377,6 +377,10 @@ def build_from_trace(trace: Iterable[TraceRecord], title: str = "", end: float =
     return Timeline(title, tuple(lanes), tuple(bars), queue, end)
 
 
+SUFFIXES = (".svg", ".png")
+"""The picture formats :func:`render` writes, chosen by the path's suffix."""
+
+
 def draw(result: RunResult, path: str) -> None:
     """Write ``result``'s timeline to ``path`` (.svg or .png, chosen by the extension)."""
     render(build(result), path)
@@ -391,8 +395,8 @@ def render(tl: Timeline, path: str) -> None:
     from matplotlib.patches import Patch, Rectangle
 
     suffix = Path(path).suffix.lower()
-    if suffix not in (".svg", ".png"):
-        raise ValueError(f"timeline path must end in .svg or .png, not {path!r}")
+    if suffix not in SUFFIXES:
+        raise ValueError(f"timeline path must end in {' or '.join(SUFFIXES)}, not {path!r}")
     rows = {lane: i for i, lane in enumerate(tl.lanes)}
     span = max(tl.end, 1e-3)
     min_width = span / 400.0

@@ -15,7 +15,8 @@ import pytest
 
 from backends.silero_vad import VadResult
 from core.engine import BatchEngine, Emitted, Member
-from server import cli
+from core.pool import MAX_BATCH_SLOTS, MAX_PARALLEL_SESSIONS
+from server import cli, cmd_validate
 from server.cmd_validate import GROUPS, build_record, run_pytest
 from server.families import registry
 from server.provider import ThreadedProvider
@@ -280,3 +281,53 @@ def test_validate_batching_refuses_a_family_without_an_engine(
     monkeypatch.setattr(registry, "family", lambda name: attrs.evolve(entry, batching=False))
     with pytest.raises(ValueError, match="cannot batch across requests"):
         build_record("silero_vad", 2, 1, 1, framework=False, reproduction="t", batching=True)
+
+
+def test_an_unwritable_out_is_refused_before_validating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cmd_validate, "build_record", _must_not_run)
+    out = tmp_path / "no" / "record.json"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["validate", "--model", "silero_vad", "--slots", "2", "--out", str(out)])
+    assert exit_.value.code == 2
+    assert f"argument --out: cannot write '{out}': no directory" in capsys.readouterr().err
+
+
+def _must_not_run(*_args: object, **_kw: object) -> dict[str, Any]:
+    raise AssertionError("the arguments were refused: nothing may run")
+
+
+@pytest.mark.parametrize(
+    ("slots", "batching", "refused"),
+    [
+        (MAX_PARALLEL_SESSIONS, False, False),
+        (MAX_PARALLEL_SESSIONS + 1, False, True),
+        (MAX_PARALLEL_SESSIONS + 1, True, False),
+        (MAX_BATCH_SLOTS, True, False),
+        (MAX_BATCH_SLOTS + 1, True, True),
+        (0, True, True),
+    ],
+)
+def test_the_slot_bound_follows_batching(
+    slots: int,
+    batching: bool,
+    refused: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ran: list[int] = []
+
+    def record(model: str, n: int, *_args: object, **_kw: object) -> dict[str, Any]:
+        ran.append(n)
+        raise ValueError("stopped after the argument checks")
+
+    monkeypatch.setattr(cmd_validate, "build_record", record)
+    argv = ["validate", "--model", "silero_vad", "--slots", str(slots)]
+    assert cli.main(argv + (["--batching"] if batching else [])) == 2
+    err = capsys.readouterr().err
+    if refused:
+        assert not ran and f"--slots {slots}: " in err
+        assert str(MAX_BATCH_SLOTS if batching else MAX_PARALLEL_SESSIONS) in err
+    else:
+        assert ran == [slots] and "stopped after the argument checks" in err

@@ -11,13 +11,12 @@ responses described with each route.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, cast
 
 from core.policy import RuntimeKind
 from server.codecs import SPEECH_AUDIO
-from server.config import MAX_JSON_INT, MODES, ServerConfig
+from server.config import MAX_JSON_INT, MODEL_ID, MODES, ServerConfig
 from server.families import registry
 from server.families.base import SpeechAdapter
 from server.families.http import (
@@ -37,9 +36,6 @@ from server.families.http import (
 from server.http.body import FORM_BOOLEANS
 from server.runtime.ports import ModelSpec
 
-MAX_ID_CHARS = 128
-MODEL_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_ID_CHARS}}}")
-"""Ids of models registered through management (configured ids are free-form)."""
 MAX_BULK_IDS = 1024
 """Most ids in one ``/v1/tasks/unload_models`` request."""
 ERROR_TYPES = (

@@ -35,7 +35,7 @@ from server.http.body import (
 )
 from server.http.errors import bad
 from server.http.state import ServerState
-from server.http.streaming import LeasedResponse, sse_events
+from server.http.streaming import LeasedResponse, sse_response
 from server.runtime.phases import Phases
 
 
@@ -151,7 +151,7 @@ async def speech_stream(
                 yield {"type": "speech.audio.delta", "audio": b64encode(data)}
             yield {"type": "speech.audio.done", "timing": {"ttft_ms": round(ttft * 1000.0, 3)}}
 
-        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
+        return sse_response(events(), stack)
     raw_fmt = fmt if fmt in SPEECH_AUDIO else "pcm"  # json/b64_json have no raw stream: PCM
     return LeasedResponse(
         encoded(limited(), raw_fmt, rate),
@@ -177,6 +177,10 @@ async def encoded(chunks: AsyncIterator[Any], fmt: str, rate: int) -> AsyncItera
         encoder.close()
 
 
+AUDIO_SOURCES = ("audio_base64", "audio_path", "file", "audio")
+"""A request's audio fields: base64, or a server-local path under one of three names."""
+
+
 async def audio_input(
     st: ServerState,
     body: Mapping[str, Any],
@@ -195,15 +199,17 @@ async def audio_input(
     """
     encoded: str | None = None
     path: Any = None
+    given = [k for k in AUDIO_SOURCES if body.get(k) is not None]
+    if len(given) + (data is not None) > 1:
+        named = ["an uploaded 'file'"] * (data is not None) + [f"'{k}'" for k in given]
+        raise bad(f"give the audio one way only, not {' and '.join(named)}")
     if data is None:
         if body.get("audio_base64") is not None:
             encoded = body["audio_base64"]
             if not isinstance(encoded, str):
                 raise bad("'audio_base64' must be a base64 string")
         else:
-            path = next(
-                (body[k] for k in ("audio_path", "file", "audio") if body.get(k) is not None), None
-            )
+            path = next((body[k] for k in AUDIO_SOURCES[1:] if body.get(k) is not None), None)
             if path is None:
                 raise bad("audio is required: upload a 'file', or give 'audio_base64'")
 
@@ -294,7 +300,7 @@ async def transcriptions(request: Request) -> Response:
                 "timing": {"ttft_ms": ttft},
             }
 
-        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
+        return sse_response(events(), stack)
     t0 = time.perf_counter()
     phases = Phases()
     result = await st.runtime.run(spec.id, req, timeout, phases=phases)
@@ -343,7 +349,7 @@ async def vad(request: Request) -> Response:
                     }
             yield {"type": "vad.done"}
 
-        return LeasedResponse(sse_events(events()), stack, "text/event-stream")
+        return sse_response(events(), stack)
     t0 = time.perf_counter()
     phases = Phases()
     result = await st.runtime.run(spec.id, req, timeout, phases=phases)

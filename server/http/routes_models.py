@@ -11,11 +11,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.policy import RuntimeKind
-from server.config import MODEL_KEYS, ConfigError, entry_of, parse_model
+from server.config import (
+    MODEL_ID_RULE,
+    MODEL_KEYS,
+    ConfigError,
+    entry_of,
+    is_model_id,
+    parse_model,
+    unknown_model_keys,
+)
 from server.families import registry
 from server.http.body import json_object
 from server.http.errors import ApiError, bad, show
-from server.http.openapi import MAX_BULK_IDS, MAX_ID_CHARS, MODEL_ID, build_spec
+from server.http.openapi import MAX_BULK_IDS, build_spec
 from server.http.routes_audio import state_of
 from server.http.state import ServerState
 from server.runtime import ModelSpec
@@ -100,9 +108,9 @@ async def load(request: Request) -> Response:
     st.check_management(request)
     body = await json_object(request)
     model_id = body.get("id")
-    if not isinstance(model_id, str) or not MODEL_ID.fullmatch(model_id):
-        raise bad(f"'id' is required: 1 to {MAX_ID_CHARS} letters, digits and . _ : -")
-    unknown = sorted(k for k in body if k not in MODEL_KEYS)
+    if not is_model_id(model_id):
+        raise bad(f"'id' is required: {MODEL_ID_RULE}")
+    unknown = unknown_model_keys(body)
     if unknown:
         raise bad(f"unknown keys {show(unknown)}: a load takes {', '.join(MODEL_KEYS)}")
     existing = st.runtime.specs.get(model_id)
@@ -123,8 +131,11 @@ async def load(request: Request) -> Response:
     else:
         raw, server_defaults = merged_entry(existing, body, st.config.runtime), {}
     raw["family"] = family
+    budget = {"memory_budget_mb": st.config.memory_budget_mb}  # a model over it never loads
     try:
-        model = parse_model(raw, {**server_defaults, "lazy_load": True}, st.config.runtime, None)
+        model = parse_model(
+            raw, {**server_defaults, "lazy_load": True, **budget}, st.config.runtime, None
+        )
     except ConfigError as exc:
         raise bad(str(exc)) from exc
     reconfigured = await st.runtime.register(model.spec())

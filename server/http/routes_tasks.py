@@ -16,10 +16,10 @@ from starlette.responses import JSONResponse, Response
 from server.families.http import MAX_BATCH, server_timing, speech_limit_error, timing
 from server.families.registry import limit_errors
 from server.http.body import busy_timeout, json_object
-from server.http.errors import bad
+from server.http.errors import bad, show
 from server.http.routes_audio import audio_input, open_leased_stream, state_of
 from server.http.state import ServerState
-from server.http.streaming import LeasedResponse, sse_events
+from server.http.streaming import sse_response
 from server.runtime.phases import Phases
 from server.runtime.ports import ModelSpec
 
@@ -34,7 +34,14 @@ def inner(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any], audio_seconds: float) -> Any:
-    """The family request of a task request; audio may be at most ``audio_seconds`` long."""
+    """The family request of a task request; audio may be at most ``audio_seconds`` long. A
+    ``model`` inside it must be the model it runs on (400, not silently another)."""
+    named = req.get("model")
+    if named is not None and named != spec.id:
+        raise bad(
+            f"the request names model {show(named)} but is sent to model '{spec.id}': "
+            "leave 'model' out of the request, or make it the same"
+        )
     adapter = st.adapter(spec)
     if spec.task == "tts":
         if "text" in req and "input" not in req:
@@ -132,7 +139,7 @@ async def batch(request: Request) -> Response:
             "timing": timing(time.perf_counter() - t0, total),
         }
 
-    return LeasedResponse(sse_events(events()), stack, "text/event-stream")
+    return sse_response(events(), stack)
 
 
 async def stream(request: Request) -> Response:

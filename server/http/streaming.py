@@ -9,7 +9,7 @@ dropped unstarted.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -66,7 +66,15 @@ class LeasedResponse(StreamingResponse):
         try:
             await super().stream_response(send)
         except ApiError as exc:  # the headers are out: cut the body (see the class docstring)
-            self._scope.setdefault("state", {})[CUT_STATUS] = exc.status
+            self.ended_early(exc)
+
+    def ended_early(self, exc: Exception) -> None:
+        """The body ended on ``exc`` after the headers: its status (a client error's, else
+        500) goes in :data:`~server.http.errors.CUT_STATUS`; a client error is logged as a
+        warning here (a server error was logged with its traceback where it was caught)."""
+        status = exc.status if isinstance(exc, ApiError) else 500
+        self._scope.setdefault("state", {})[CUT_STATUS] = status
+        if isinstance(exc, ApiError):
             log.warning(
                 "request %s: response cut short by a client error after its headers "
                 "(it would have been status %d): %s",
@@ -89,10 +97,12 @@ def sse_error(exc: BaseException) -> bytes:
     )
 
 
-async def sse_events(payloads: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def sse_events(
+    payloads: AsyncIterator[Any], failed: Callable[[Exception], None] = lambda exc: None
+) -> AsyncIterator[bytes]:
     """Every payload as one SSE event, then ``[DONE]``.
 
-    A failure mid-stream ends it with one error event.
+    A failure mid-stream ends it with one error event, after ``failed(exc)``.
 
     Headers are already sent when a stream fails, so the error travels in the
     body, as audio.cpp's transport does.
@@ -102,4 +112,19 @@ async def sse_events(payloads: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield sse(payload)
         yield sse("[DONE]")
     except Exception as exc:
-        yield sse_error(exc)
+        event = sse_error(exc)
+        failed(exc)
+        yield event
+
+
+def sse_response(payloads: AsyncIterator[Any], stack: AsyncExitStack) -> LeasedResponse:
+    """:func:`sse_events` as a leased response: an error event is the request's status in
+    the access log and the latency metric (:meth:`LeasedResponse.ended_early`), not 200."""
+    response: LeasedResponse | None = None
+
+    def failed(exc: Exception) -> None:
+        assert response is not None  # the body runs only once the response exists
+        response.ended_early(exc)
+
+    response = LeasedResponse(sse_events(payloads, failed), stack, "text/event-stream")
+    return response

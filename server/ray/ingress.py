@@ -35,10 +35,9 @@ from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from core.policy import retry_pause
-from server.config import ServerConfig
+from server.config import MODEL_ID, ServerConfig
 from server.http.body import BodyLimit
 from server.http.errors import error_response
-from server.http.openapi import MODEL_ID
 from server.ray.broadcast import broadcast, is_management
 from server.ray.directory import directory, fleet_metrics, fleet_models
 from server.ray.exchange import Forwarded, Start, answer

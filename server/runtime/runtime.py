@@ -361,6 +361,8 @@ class Runtime:
         if decision.refused is not None:
             if decision.retry is not None:
                 self.waits.load_retry(decision.retry)
+            if decision.never:  # over the whole budget: no wait helps, so no "retry later"
+                raise LoadError(*decision.refused)
             raise BusyError(decision.refused[0], decision.refused[1], self.room_retry(model))
         assert decision.load is not None
         await self.load(model, decision.load)

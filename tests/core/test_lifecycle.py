@@ -366,6 +366,32 @@ def test_memory_budget_counts_logical_residency() -> None:
     assert isinstance(d, RoomDecision) and [e.model for e in d.evictions] == ["a"]
 
 
+def test_a_model_over_the_whole_budget_is_refused_for_good() -> None:
+    """A model whose own estimate exceeds the budget can never load: the refusal says so (no
+    "retry later"), is marked ``never``, and evicts nothing; busy models still give the
+    "retry later" refusal."""
+    reg = Registry(ResidencyLimits(memory_budget=100))
+    idle, huge = add(reg, "idle", memory=60), add(reg, "huge", memory=101)
+    warm(reg, idle)
+    t = reg.new_ticket()
+    huge.admission.request(t, 1.0, None)
+    d = reg.ensure_loaded(huge, t, 1.0)
+    assert isinstance(d, RoomDecision) and d.refused is not None and d.never
+    assert d.refused[0] is Reason.MEMORY_BUDGET and "retry" not in d.refused[1]
+    assert "101 bytes exceeds the whole memory budget of 100 bytes" in d.refused[1]
+    assert d.evictions == () and idle.resident and not huge.resident
+    huge.admission.release(t, 1.5)
+    fits = add(reg, "fits", memory=50)
+    busy = reg.new_ticket()
+    idle.admission.request(busy, 2.0, None)
+    t2 = reg.new_ticket()
+    fits.admission.request(t2, 2.0, None)
+    d2 = reg.ensure_loaded(fits, t2, 2.0)
+    assert isinstance(d2, RoomDecision) and d2.refused is not None and not d2.never
+    assert "is used by busy models; retry later" in d2.refused[1]
+    assert not check_registry(reg, 2.0)
+
+
 def test_registration_is_visible_while_loading_and_duplicates_queue() -> None:
     reg = Registry(ResidencyLimits(max_loaded_models=1))
     other = add(reg, "other")

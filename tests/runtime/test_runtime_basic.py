@@ -270,3 +270,29 @@ def test_a_failing_session_close_does_not_stop_the_teardown() -> None:
     assert len(attempts) == 3, "every session of the pool was closed, the failing one included"
     assert row.state == "unloaded" and not row.loaded
     assert fp.live_weights["m"] == 0 and fp.live_sessions["m"] == 1  # only the failed close is left
+
+
+def test_a_model_over_the_whole_memory_budget_is_a_load_error_not_retry_later() -> None:
+    """Busy models holding the budget are a 503 with Retry-After (waiting helps); a model whose
+    own estimate exceeds the whole budget can never load: a LoadError, and nothing evicted."""
+    from server.runtime import LoadError
+
+    async def body(rt: Runtime, clock: SimClock, fp: FakeProvider) -> list[str]:
+        seen: list[str] = []
+        for _ in range(2):  # the refusal does not wedge the model: the same answer again
+            try:
+                await rt.run("big", {"duration": 0.1})
+            except LoadError as exc:
+                seen.append(exc.message)
+        await rt.run("small", {"duration": 0.1})
+        return seen
+
+    specs = [
+        ModelSpec("big", "fake", memory_bytes=200, lazy=True),
+        ModelSpec("small", "fake", memory_bytes=50, lazy=True),
+    ]
+    config = RuntimeConfig(busy_timeout_ms=0, memory_budget=100)
+    seen, rt, fp = simulate(body, specs=specs, config=config)
+    assert len(seen) == 2 and all("can never load" in m for m in seen), seen
+    assert fp.loads.get("big", 0) == 0
+    assert rt.status_of("big").state == "unloaded"

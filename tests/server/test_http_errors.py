@@ -11,6 +11,7 @@ import pytest
 
 from tests.server.gated import GatedServer, granted_in, serving
 from tests.server.live import DATA, LiveServer, assert_error, b64, in_thread, silence_wav
+from tests.server.test_access_log import access_line
 
 SPEECH = {"model": "piper", "input": "Hello."}
 
@@ -76,6 +77,34 @@ def test_a_limit_after_a_raw_stream_started_is_a_client_error(
     assert "status 400" in cut[0] and "speech_seconds_per_char" in cut[0], cut
     assert "internal error" not in log and "Traceback" not in log, log
     assert count() == before + 1
+
+
+def test_a_limit_after_an_sse_stream_started_is_counted_as_the_400_it_is(
+    main_server: LiveServer, http: httpx.Client
+) -> None:
+    """The same limit in an SSE stream: the stream ends with its error event, and the access
+    log, the log's warning and /metrics say 400, not 200."""
+    body = {**SPEECH, "input": "Hi. Hi. Hi. Hi.", "stream": True, "length_scale": 10}
+    status = 'voxpool_request_seconds_count{model="piper",route="/v1/audio/speech",status="%s"}'
+
+    def count(code: int) -> float:
+        lines = http.get("/metrics").text.splitlines()
+        name = status % code
+        return next((float(x.split()[-1]) for x in lines if x.startswith(name + " ")), 0.0)
+
+    before, ok_before, log_from = count(400), count(200), len(main_server.log())
+    with http.stream("POST", "/v1/audio/speech", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        request_id = r.headers["x-request-id"]
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[0].startswith('data: {"type":"speech.audio.delta"'), events[:1]
+    assert '"type":"error"' in events[-1] and "speech_seconds_per_char" in events[-1], events[-1]
+    assert access_line(main_server, request_id)["status"] == "400"  # waits: it follows the body
+    log = main_server.log()[log_from:]
+    cut = [line for line in log.splitlines() if request_id in line and "cut short" in line]
+    assert len(cut) == 1 and "WARNING" in cut[0] and "status 400" in cut[0], log
+    assert "Traceback" not in log, log
+    assert count(400) == before + 1 and count(200) == ok_before
 
 
 def test_audio_routes_name_a_content_type_they_do_not_read(
@@ -268,6 +297,36 @@ def test_tasks_validation_is_400(http: httpx.Client) -> None:
         )
         said = http.post(route, json={"model": "piper", "input": "Hi."})
         assert said.status_code == 200, said.text
+
+
+def test_a_request_names_one_model_and_one_audio(http: httpx.Client, hello_wav: bytes) -> None:
+    """An inner ``model`` other than the one the task is sent to, and audio given two ways, are
+    400s naming both (never one of them silently dropped)."""
+    for route in ("/v1/tasks/run", "/v1/tasks/stream"):
+        r = http.post(
+            route, json={"model": "piper", "request": {"model": "whisper", "input": "Hi"}}
+        )
+        assert_error(r, 400, "invalid_request_error", "names model 'whisper' but is sent to")
+    r = http.post(
+        "/v1/tasks/batch",
+        json={"model": "silero_vad", "requests": [{"model": "x", "audio_base64": b64(hello_wav)}]},
+    )
+    assert_error(r, 400, "invalid_request_error", "names model 'x'")
+    same = {
+        "model": "silero_vad",
+        "request": {"model": "silero_vad", "audio_base64": b64(hello_wav)},
+    }
+    assert http.post("/v1/tasks/run", json=same).status_code == 200
+    both = {"audio_base64": b64(hello_wav), "audio_path": "/etc/passwd"}
+    for route, body in (
+        ("/v1/audio/vad", {"model": "silero_vad", **both}),
+        ("/v1/tasks/run", {"model": "silero_vad", "request": both}),
+    ):
+        error = assert_error(http.post(route, json=body), 400, "invalid_request_error")
+        assert "'audio_base64' and 'audio_path'" in error["message"], error
+    upload = {"file": ("hello.wav", hello_wav, "audio/wav")}
+    r = http.post("/v1/audio/vad", files=upload, data={"model": "silero_vad", "audio_path": "/x"})
+    assert_error(r, 400, "invalid_request_error", "an uploaded 'file' and 'audio_path'")
 
 
 @pytest.fixture(scope="module")

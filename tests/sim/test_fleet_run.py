@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from server.cli import main as cli_main
 from server.runtime import Runtime
 from sim import cmd_fleet
 from sim.fleet import report
@@ -303,6 +304,16 @@ def test_cli_errors_exit_2(tmp_path: Path, small: Path, capsys: pytest.CaptureFi
     ns.workload, ns.sweep_replicas = str(small), "3..1"
     assert cmd_fleet.main(ns) == 2
     assert cmd_fleet.parse_range("2..5") == (2, 5) and cmd_fleet.parse_range("4") == (4, 4)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-p99", "-1"), ("--max-busy-rate", "nan")])
+def test_cli_refuses_a_goal_no_run_can_meet(
+    option: str, value: str, small: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sim", "fleet", str(small), "--sweep-replicas", "1..2", option, value])
+    assert exit_.value.code == 2
+    assert f"argument {option}: " in capsys.readouterr().err
 
 
 def test_a_kill_of_no_replica_is_a_warning_not_a_violation() -> None:

@@ -266,3 +266,13 @@ def test_cli_fuzz_rejects_an_unknown_mutant(tmp_path: Path) -> None:
         )
         == 2
     )
+
+
+@pytest.mark.parametrize("budget", ["-1", "0", "nan", "inf", "soon"])
+def test_cli_fuzz_rejects_a_budget_that_cannot_search(
+    budget: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sim", "fuzz", "--budget", budget, "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "argument --budget: " in capsys.readouterr().err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from server.cli import main as cli_main
 from sim import cmd_run
 from sim.runner import check_expectations, run_scenario
 from sim.scenario import load
@@ -78,10 +79,39 @@ def test_sim_run_plot_uses_the_timeline_module(
     drawn: list[tuple[str, str]] = []
     stub = types.ModuleType("sim.timeline")
     stub.draw = lambda result, path: drawn.append((result.scenario, path))  # type: ignore[attr-defined]
+    stub.SUFFIXES = (".svg",)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sim.timeline", stub)
     plot = str(tmp_path / "t.svg")
     assert cmd_run.main(_args(EXAMPLE, plot=plot)) == 0
     assert drawn == [(load(EXAMPLE).name, plot)]
+    assert cmd_run.main(_args(EXAMPLE, plot=str(tmp_path / "t.png"))) == 2
+    assert "use .svg" in capsys.readouterr().err, "the module's own formats"
     monkeypatch.setitem(sys.modules, "sim.timeline", None)
     assert cmd_run.main(_args(EXAMPLE, plot=plot)) == 2
     assert "--plot needs sim/timeline.py" in capsys.readouterr().err
+
+
+def _must_not_run(*_args: object, **_kw: object) -> None:
+    raise AssertionError("the arguments were refused: the scenario may not run")
+
+
+def test_sim_run_refuses_a_plot_format_before_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cmd_run, "run_scenario", _must_not_run)
+    assert cli_main(["sim", "run", str(EXAMPLE), "--plot", str(tmp_path / "x.gif")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x.gif: unsupported format; use .svg or .png" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--trace", "--plot"])
+def test_sim_run_refuses_an_output_in_a_missing_directory(
+    option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cmd_run, "run_scenario", _must_not_run)
+    out = tmp_path / "missing" / "t.svg"
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["sim", "run", str(EXAMPLE), option, str(out)])
+    assert exit_.value.code == 2
+    assert f"argument {option}: cannot write '{out}': no directory" in capsys.readouterr().err
