@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from backends.base import ArrayBackend
@@ -128,17 +129,11 @@ def asr(args: argparse.Namespace, backend: ArrayBackend, audio: Any) -> int:
         )
         texts.append(seg.text)
         segments.append(seg)
-    text = "".join(texts).strip()
-    print(text)
-    adapter = registry.for_task("asr").adapter()
-    write_json(
-        args.output,
-        {
-            "text": text,
-            "duration": round(len(audio) / INPUT_RATE, 3),
-            "segments": [{"id": i, **adapter.chunk_json(s)} for i, s in enumerate(segments)],
-        },
-    )
+    print("".join(texts).strip())
+    # the server's JSON: the result's text is its segments' joined (WhisperResult's rule)
+    whole = SimpleNamespace(text="".join(texts), duration=len(audio) / INPUT_RATE)
+    whole.segments = segments
+    write_json(args.output, registry.for_task("asr").adapter().json(whole))
     return 0
 
 

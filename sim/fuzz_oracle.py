@@ -92,8 +92,8 @@ def generic_failures(s: Scenario, result: RunResult) -> list[str]:
 def late_stops(s: Scenario, result: RunResult) -> list[str]:
     """Requests (on a model with a session per lease) run in ``steps`` equal steps with a
     stop point between two (:mod:`core.stopping`): one whose client left while it held
-    its lease must end by the first stop point after its departure (or at its end), not
-    run on to its end holding the slot."""
+    its lease must end by the first stop point strictly after its departure (or at its
+    end), not run on to its end holding the slot."""
     out = []
     batched = {m.id for m in s.models if m.batching}
     for a in s.actions:
@@ -104,7 +104,9 @@ def late_stops(s: Scenario, result: RunResult) -> list[str]:
         if math.isnan(o.left) or math.isnan(o.running) or math.isnan(o.ended):
             continue
         step = float(a.params["duration"]) / steps
-        k = min(steps, max(1, math.ceil((o.left - o.running) / step - 1e-9)))
+        # the first stop point strictly after the departure: one at the very instant may
+        # run before the disconnect (ties are the scheduler's), and then the next one stops it
+        k = min(steps, max(1, math.floor((o.left - o.running) / step + 1e-9) + 1))
         bound = o.running + k * step
         if o.ended > bound + 1e-6:
             out.append(

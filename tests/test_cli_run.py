@@ -45,7 +45,8 @@ def test_tts_then_vad_then_asr_round_trip(tmp_path: Path) -> None:
     words = asr.stdout.lower()
     assert "morning" in words and "weather" in words, asr.stdout
     answer = json.loads((tmp_path / "asr.json").read_text())
-    assert answer["text"] == asr.stdout.strip() and answer["segments"][0]["id"] == 0
+    assert answer["text"].strip() == asr.stdout.strip() and answer["segments"][0]["id"] == 0
+    assert answer["language"] == "en" and answer["duration"] > 1.0  # the server's JSON
 
 
 def test_tts_encodes_the_format_its_suffix_names(tmp_path: Path) -> None:

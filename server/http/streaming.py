@@ -68,17 +68,19 @@ class LeasedResponse(StreamingResponse):
         except ApiError as exc:  # the headers are out: cut the body (see the class docstring)
             self.ended_early(exc)
 
-    def ended_early(self, exc: Exception) -> None:
-        """The body ended on ``exc`` after the headers: its status (a client error's, else
-        500) goes in :data:`~server.http.errors.CUT_STATUS`; a client error is logged as a
-        warning here (a server error was logged with its traceback where it was caught)."""
+    def ended_early(self, exc: Exception, how: str = "cut short") -> None:
+        """The body ended on ``exc`` after the headers (``how``: cut short, or closed by an
+        error event): its status (a client error's, else 500) goes in
+        :data:`~server.http.errors.CUT_STATUS`; a client error is logged as a warning here
+        (a server error was logged with its traceback where it was caught)."""
         status = exc.status if isinstance(exc, ApiError) else 500
         self._scope.setdefault("state", {})[CUT_STATUS] = status
         if isinstance(exc, ApiError):
             log.warning(
-                "request %s: response cut short by a client error after its headers "
+                "request %s: response %s by a client error after its headers "
                 "(it would have been status %d): %s",
                 self._scope.get("state", {}).get("request_id", "-"),
+                how,
                 exc.status,
                 exc.message,
             )
@@ -124,7 +126,7 @@ def sse_response(payloads: AsyncIterator[Any], stack: AsyncExitStack) -> LeasedR
 
     def failed(exc: Exception) -> None:
         assert response is not None  # the body runs only once the response exists
-        response.ended_early(exc)
+        response.ended_early(exc, "ended with an error event")
 
     response = LeasedResponse(sse_events(payloads, failed), stack, "text/event-stream")
     return response

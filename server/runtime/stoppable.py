@@ -12,6 +12,7 @@ its end, as before.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ import anyio.lowlevel
 from core.stopping import RunStopped, StopFlag, running
 
 T = TypeVar("T")
+log = logging.getLogger("voxpool.runtime")
 
 
 async def _stop_when_cancelled(flag: StopFlag) -> None:
@@ -32,22 +34,33 @@ async def _stop_when_cancelled(flag: StopFlag) -> None:
 
 async def shielded_stoppable(call: Callable[[], Awaitable[T]]) -> T:
     """``await call()`` shielded from cancellation, with a stop flag current that a
-    cancellation of the caller raises. Returns the call's result; when the call ended
-    at a stop point, raises the caller's cancellation."""
+    cancellation of the caller raises. Returns the call's result, or raises its exception
+    (unwrapped); when the call ended at a stop point, raises the caller's cancellation.
+
+    A call cancelled after its last stop point still ends first; then the cancellation
+    wins (on trio it is raised as the group exits, on asyncio at the caller's next
+    checkpoint): its result is dropped, and its exception, if any, is logged here rather
+    than lost.
+    """
     flag = StopFlag()
-    error: Exception | None = None
+    error: BaseException | None = None
     stopped = False
-    with running(flag):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_when_cancelled, flag)
-            with anyio.CancelScope(shield=True):
-                try:
-                    result = await call()
-                except RunStopped:
-                    stopped = True
-                except Exception as exc:  # raised below, outside the group (not wrapped)
-                    error = exc
-            tg.cancel_scope.cancel()
+    try:
+        with running(flag):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_when_cancelled, flag)
+                with anyio.CancelScope(shield=True):
+                    try:
+                        result = await call()
+                    except RunStopped:
+                        stopped = True
+                    except BaseException as exc:  # raised below, outside the group (not wrapped)
+                        error = exc
+                tg.cancel_scope.cancel()
+    except anyio.get_cancelled_exc_class():
+        if error is not None and not stopped:
+            log.error("a session call failed after its request was cancelled", exc_info=error)
+        raise
     if error is not None:
         raise error
     if stopped:

@@ -101,8 +101,8 @@ def test_a_limit_after_an_sse_stream_started_is_counted_as_the_400_it_is(
     assert '"type":"error"' in events[-1] and "speech_seconds_per_char" in events[-1], events[-1]
     assert access_line(main_server, request_id)["status"] == "400"  # waits: it follows the body
     log = main_server.log()[log_from:]
-    cut = [line for line in log.splitlines() if request_id in line and "cut short" in line]
-    assert len(cut) == 1 and "WARNING" in cut[0] and "status 400" in cut[0], log
+    said = [line for line in log.splitlines() if request_id in line and "error event" in line]
+    assert len(said) == 1 and "WARNING" in said[0] and "status 400" in said[0], log
     assert "Traceback" not in log, log
     assert count(400) == before + 1 and count(200) == ok_before
 

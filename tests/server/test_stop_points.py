@@ -46,6 +46,8 @@ class PollingSession:
 
     def run(self, request: Any) -> Any:
         if request != "long":
+            for _ in range(3):
+                stop_point()  # never raises: nobody cancelled this request
             return "quick"
         self.started.set()
         never = threading.Event()
@@ -140,6 +142,7 @@ def test_a_cancelled_request_frees_its_slot_at_the_next_stop_point(backend: str,
 
 
 def test_a_run_that_is_not_cancelled_ignores_its_stop_points() -> None:
+    """Quick calls pass stop points on both paths (``run`` and ``batch``): no flag is up."""
     session = PollingSession()
 
     async def main() -> list[Any]:
@@ -213,3 +216,38 @@ def test_a_piper_run_stops_between_sentences_and_its_session_stays_fresh(
     assert stop.calls == 2
     again = session.run(text)
     assert np.array_equal(again.audio, fresh.audio)
+
+
+def test_a_call_that_fails_after_its_cancel_is_logged_not_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A call past its last stop point when the request is cancelled ends first; if it then
+    fails, trio's cancellation wins as the task group exits, and the failure is logged."""
+    from server.runtime.stoppable import shielded_stoppable
+
+    started, cancelled = threading.Event(), threading.Event()
+
+    def fails() -> None:
+        started.set()
+        cancelled.wait(HANG_GUARD_S)
+        raise ValueError("the model broke")
+
+    async def main() -> bool:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+
+                async def cancel_once_started() -> None:
+                    await anyio.to_thread.run_sync(started.wait)
+                    scope.cancel()
+                    cancelled.set()
+
+                tg.start_soon(cancel_once_started)
+                await shielded_stoppable(lambda: anyio.to_thread.run_sync(fails))
+        return scope.cancelled_caught
+
+    with caplog.at_level("ERROR", logger="voxpool.runtime"):
+        assert anyio.run(main, backend="trio")
+    failed = [r for r in caplog.records if "failed after its request was cancelled" in r.message]
+    assert len(failed) == 1, caplog.records
+    info = failed[0].exc_info
+    assert info is not None and isinstance(info[1], ValueError)

@@ -7,6 +7,7 @@ import math
 import tomllib
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
@@ -214,6 +215,34 @@ def test_generic_expectations() -> None:
         }
     )
     assert generic_failures(managed, _result(managed, {"r1": "busy", "u": "ok"})) == []
+
+
+def test_a_departure_on_a_stop_point_may_stop_at_the_next_one() -> None:
+    """r1 runs 1 s in four steps from t=1; its client leaves at t=1.5, the very instant of a
+    stop point. The scheduler orders the tie either way (the step's wake-up first: the flag
+    is still down there, and the run stops at 1.75), and neither order is a late stop; the
+    mutant that ignores the flag is flagged under every seed."""
+    s = parse(
+        {
+            "models": [{"id": "m", "lazy": False}],
+            "actions": [
+                {"at": 1.0, "do": "request", "id": "r1", "model": "m", "duration": 1.0, "steps": 4},
+                {"at": 1.5, "do": "disconnect", "id": "leave", "target": "r1"},
+            ],
+        }
+    )
+    from tests.mutants.catalogue import MUTANTS
+
+    ends = set()
+    for seed in range(24):
+        seeded = attrs.evolve(s, seed=seed)
+        failures, result = check(seeded)
+        assert failures == [], (seed, failures)
+        assert result is not None
+        ends.add(result.outcomes["r1"].ended)
+        late, _ = check(seeded, MUTANTS["run_ignores_stop"].patch)
+        assert any("after its client left" in f for f in late), (seed, late)
+    assert ends <= {1.5, 1.75}, ends
 
 
 def test_livelock_guard() -> None:
