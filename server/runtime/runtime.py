@@ -595,8 +595,10 @@ class Runtime:
         """Hold a lease for a whole stream: enter before the response starts, iterate, exit.
 
         Each chunk is produced shielded; cancellation (a client gone, a stream
-        cancelled) takes effect between chunks. Leaving the block, with or
-        without consuming every chunk, resets the session and releases the lease.
+        cancelled) takes effect between chunks, or at the session's next stop point
+        while a chunk is being made (:mod:`server.runtime.stoppable`). Leaving the
+        block, with or without consuming every chunk, resets the session and releases
+        the lease.
 
         ``feed``: a live stream, whose input the caller pushes into the feed while
         it reads the chunks (and closes it at the end); only a ``batching`` model
@@ -618,13 +620,13 @@ class Runtime:
             async def pull() -> AsyncIterator[Any]:
                 while True:
                     # the one point where a gone client stops the stream (the
-                    # consumer need not checkpoint between chunks itself)
+                    # consumer need not checkpoint between chunks itself); a chunk in
+                    # the making stops at the session's next stop point
                     await anyio.lowlevel.checkpoint_if_cancelled()
-                    with anyio.CancelScope(shield=True):
-                        try:
-                            chunk = await chunks.__anext__()
-                        except StopAsyncIteration:
-                            return
+                    try:
+                        chunk = await shielded_stoppable(chunks.__anext__)
+                    except StopAsyncIteration:
+                        return
                     yield chunk
 
             try:

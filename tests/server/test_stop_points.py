@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import wave
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ class PollingSession:
     family: str = "fake"
     task: str = "tts"
     mode: str = "offline"
-    interfaces: frozenset[Interface] = frozenset({Interface.OFFLINE})
+    interfaces: frozenset[Interface] = frozenset(Interface)
 
     def run(self, request: Any) -> Any:
         if request != "long":
@@ -61,7 +61,7 @@ class PollingSession:
         self.ended.append("ran to its end")
         return "long"
 
-    def stream(self, request: Any) -> Any:
+    def stream(self, request: Any) -> Iterator[Any]:
         yield self.run(request)
 
     def batch(self, requests: Sequence[Any]) -> list[Any]:
@@ -106,7 +106,7 @@ class FactoryProvider(ThreadedProvider):
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@pytest.mark.parametrize("kind", ["run", "batch"])
+@pytest.mark.parametrize("kind", ["run", "batch", "stream"])
 def test_a_cancelled_request_frees_its_slot_at_the_next_stop_point(backend: str, kind: str) -> None:
     session = PollingSession()
 
@@ -124,8 +124,10 @@ def test_a_cancelled_request_frees_its_slot_at_the_next_stop_point(backend: str,
             with leave:
                 if kind == "run":
                     await rt.run("m", "long")
-                else:
+                elif kind == "batch":
                     await rt.batch("m", ["long"])
+                else:  # a chunk in the making
+                    await rt.stream("m", "long")
 
         async with rt, anyio.create_task_group() as tg:
             tg.start_soon(long_request)
@@ -142,7 +144,8 @@ def test_a_cancelled_request_frees_its_slot_at_the_next_stop_point(backend: str,
 
 
 def test_a_run_that_is_not_cancelled_ignores_its_stop_points() -> None:
-    """Quick calls pass stop points on both paths (``run`` and ``batch``): no flag is up."""
+    """Quick calls pass stop points on every path (``run``, ``batch``, a stream's chunk): no
+    flag is up."""
     session = PollingSession()
 
     async def main() -> list[Any]:
@@ -153,9 +156,13 @@ def test_a_run_that_is_not_cancelled_ignores_its_stop_points() -> None:
         )
         rt.add_model(ModelSpec("m", "fake", slots=1))
         async with rt:
-            return [await rt.run("m", "quick"), await rt.batch("m", ["quick", "quick"])]
+            return [
+                await rt.run("m", "quick"),
+                await rt.batch("m", ["quick", "quick"]),
+                await rt.stream("m", "quick"),
+            ]
 
-    assert anyio.run(main) == ["quick", ["quick", "quick"]]
+    assert anyio.run(main) == ["quick", ["quick", "quick"], ["quick"]]
     assert session.ended == []
 
 
