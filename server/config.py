@@ -32,6 +32,7 @@ from core.policy import (
     MISSING,
     Invalid,
     RuntimeKind,
+    exceeds,
     validate_slots_for_runtime,
     validate_timeout_ms,
 )
@@ -405,7 +406,7 @@ def parse_model(
         busy = _timeout_ms(raw, "busy_timeout_ms", 0, where)
     memory_mb = _int(raw, "memory_mb", 0, where=where)
     budget_mb = _int(server, "memory_budget_mb", 0)
-    if budget_mb and memory_mb > budget_mb:
+    if exceeds(memory_mb, budget_mb or None):  # core's residency rule, at startup
         raise ConfigError(
             f"{where}memory_mb={memory_mb} exceeds memory_budget_mb={budget_mb}: the model "
             "could never load (lower its memory_mb or raise memory_budget_mb)"
