@@ -58,7 +58,7 @@ async def shielded_stoppable(call: Callable[[], Awaitable[T]]) -> T:
                         error = exc
                 tg.cancel_scope.cancel()
     except anyio.get_cancelled_exc_class():
-        if error is not None and not stopped:
+        if error is not None and not isinstance(error, StopAsyncIteration):  # a stream's end
             log.error("a session call failed after its request was cancelled", exc_info=error)
         raise
     if error is not None:
