@@ -88,8 +88,8 @@ class PiperModel:
         """
         be = backend or self.backend
         item = SynthesisInput(phoneme_ids, noise_scale, length_scale, noise_w, rng, max_frames)
-        z_p, durations = self._latent(be, item)
-        return Synthesis(audio=self._decode_one(be, z_p), durations=durations)
+        z_p, durations = self.latent(be, item)
+        return Synthesis(audio=self.decode_one(be, z_p), durations=durations)
 
     def synthesize_batch(
         self, items: Sequence[SynthesisInput], backend: ArrayBackend | None = None
@@ -138,7 +138,7 @@ class PiperModel:
         latents: list[tuple[int, Array, np.ndarray]] = []
         for i in group:
             try:
-                z_p, durations = self._latent(be, items[i])
+                z_p, durations = self.latent(be, items[i])
             except Exception as error:  # this item only
                 out[i] = error
                 continue
@@ -146,7 +146,7 @@ class PiperModel:
         if self._on_host(be) is not None and len(latents) > 1:
             audio = self._decode_packed([z_p[0] for _, z_p, _ in latents])
         else:
-            audio = [self._decode_one(be, z_p) for _, z_p, _ in latents]
+            audio = [self.decode_one(be, z_p) for _, z_p, _ in latents]
         for (i, _, durations), a in zip(latents, audio, strict=True):
             out[i] = Synthesis(audio=a, durations=durations)
 
@@ -156,7 +156,7 @@ class PiperModel:
         tiles and groups of items on the cores), else None."""
         return self.prepared if host.is_host(be) else None
 
-    def _latent(self, be: ArrayBackend, item: SynthesisInput) -> tuple[Array, np.ndarray]:
+    def latent(self, be: ArrayBackend, item: SynthesisInput) -> tuple[Array, np.ndarray]:
         """Checks, text encoder, durations and the prior sample: (z_p [1, C, T'], durations)."""
         w, h, rng = self.weights, self.hyper, item.rng
         ids = np.asarray(item.phoneme_ids, dtype=np.int64).reshape(-1)
@@ -196,7 +196,7 @@ class PiperModel:
         assert self.prepared is not None
         return flow_reverse_host(self.prepared.convs, self.hyper, z_p, gaps)
 
-    def _decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
+    def decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
         """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""
         prepared = self._on_host(be)
         if prepared is not None:

@@ -99,7 +99,15 @@ class Progress:
         return SynthesisInput(ids, noise_scale, length_scale, noise_w, self.rng, budget)
 
     def finish(self, outcome: Synthesis | Exception) -> PiperChunk:
-        """The chunk of the sentence :meth:`next_input` gave, from the model's outcome.
+        """The chunk of the sentence :meth:`next_input` gave, from the model's outcome
+        (:meth:`account` and :meth:`output` in one)."""
+        index = self.account(outcome if isinstance(outcome, Exception) else outcome.durations)
+        assert not isinstance(outcome, Exception)
+        return self.output(index, outcome.audio)
+
+    def account(self, outcome: np.ndarray | Exception) -> int:
+        """Count the sentence :meth:`next_input` gave toward the request's limits, from its
+        durations (one frame at least), and move on; its index.
 
         A :class:`FrameLimitError` becomes the request's :class:`AudioLimitError`;
         any other exception is raised as it is.
@@ -110,24 +118,27 @@ class Progress:
             raise AudioLimitError(limit, seconds, needed * self.frame_seconds) from None
         if isinstance(outcome, Exception):
             raise outcome
-        request, (phonemes, ids) = self.request, self.sentences[self.index]
-        self.used += max(int(outcome.durations.sum()), 1)
-        audio = outcome.audio
+        self.used += max(int(outcome.sum()), 1)
+        self.index += 1
+        return self.index - 1
+
+    def output(self, index: int, audio: np.ndarray) -> PiperChunk:
+        """Sentence ``index``'s chunk from its audio, through piper's output stage (normalize,
+        volume, clip)."""
+        request, (phonemes, ids) = self.request, self.sentences[index]
         if request.normalize_audio:
             peak = float(np.max(np.abs(audio)))
             audio = np.zeros_like(audio) if peak < 1e-8 else audio / np.float32(peak)
         if request.volume != 1.0:
             audio = audio * np.float32(request.volume)
         audio = np.clip(audio, -1.0, 1.0).astype(np.float32)
-        chunk = PiperChunk(
-            index=self.index,
+        return PiperChunk(
+            index=index,
             phonemes=tuple(phonemes),
             phoneme_ids=tuple(ids),
             audio=audio,
             sample_rate=self.model.config.sample_rate,
         )
-        self.index += 1
-        return chunk
 
 
 def result_of(chunks: Sequence[PiperChunk], sample_rate: int) -> PiperResult:

@@ -126,6 +126,38 @@ def test_stream_yields_one_chunk_per_sentence_and_concatenates_to_run() -> None:
     assert _bytes(session.run(request)) == _bytes(whole)
 
 
+def test_a_run_over_its_limit_fails_before_any_sentence_is_decoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``run`` plans every sentence's latent first: the request's frame total is known before
+    any flow or vocoder runs, so a request over its speech limit fails without decoding;
+    one within it decodes each sentence once, after all are planned."""
+    from backends.piper.api import AudioLimitError
+
+    calls: list[str] = []
+    latent, decode_one = PiperModel.latent, PiperModel.decode_one
+
+    def planned(self: PiperModel, *args: object) -> object:
+        calls.append("latent")
+        return latent(self, *args)  # type: ignore[arg-type]
+
+    def decoded(self: PiperModel, *args: object) -> object:
+        calls.append("decode")
+        return decode_one(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PiperModel, "latent", planned)
+    monkeypatch.setattr(PiperModel, "decode_one", decoded)
+    session = _factory().create()
+    whole = session.run(PiperRequest(TWO, seed=3))
+    assert calls == ["latent", "latent", "decode", "decode"]
+    first = whole.chunks[0].audio.size / whole.sample_rate
+    calls.clear()
+    with pytest.raises(AudioLimitError) as raised:
+        session.run(PiperRequest(TWO, seed=3, max_seconds=first + 0.05))
+    assert raised.value.limit == "request"
+    assert calls == ["latent", "latent"], "nothing decoded for a request over its limit"
+
+
 def test_batch_gives_each_request_its_own_run_result() -> None:
     session = _factory().create()
     requests = [PiperRequest(ONE, seed=1), PiperRequest("Yes.", seed=2, length_scale=1.2)]
