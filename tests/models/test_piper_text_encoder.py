@@ -154,9 +154,7 @@ def test_the_model_encodes_on_the_fast_path_on_one_core(
         monkeypatch.setattr(
             share_now, "share", lambda n=share: 1 if share_now.in_piece() else n
         )  # the process's share object, as the other tests patch it
-        model.latent(
-            BE, piper_model.SynthesisInput(ids, 0.667, 1.0, 0.0, np.random.default_rng(0))
-        )
+        model.latent(BE, piper_model.SynthesisInput(ids, 0.667, 1.0, 0.0, np.random.default_rng(0)))
     monkeypatch.undo()
     assert [(s, lanes) for s, _, lanes in seen] == [(1, 3), (1, 1)]
     assert all(threads in (0, 1) for _, threads, _ in seen)
