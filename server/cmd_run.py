@@ -131,8 +131,9 @@ def asr(args: argparse.Namespace, backend: ArrayBackend, audio: Any) -> int:
         segments.append(seg)
     print("".join(texts).strip())
     # the server's JSON: the result's text is its segments' joined (WhisperResult's rule)
-    whole = SimpleNamespace(text="".join(texts), duration=len(audio) / INPUT_RATE)
-    whole.segments = segments
+    whole = SimpleNamespace(
+        text="".join(texts), duration=len(audio) / INPUT_RATE, segments=segments
+    )
     write_json(args.output, registry.for_task("asr").adapter().json(whole))
     return 0
 

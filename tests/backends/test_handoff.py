@@ -6,6 +6,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +34,21 @@ def _wait_until(condition: object, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.001)
+
+
+def _spinning_helper_takes_a_piece(
+    h: Any, x: np.ndarray, p: Any, want: np.ndarray, parts: Any, kind: str
+) -> None:
+    """Wait until helper 0 spins, then until a product's piece goes to it (not the master)."""
+    _wait_until(lambda: h.awake == 1, "the helper to spin")
+    before = h.taken[0]
+    _wait_until(
+        lambda: (
+            h.product(x, p.panels, p.zero_bias, np.empty_like(want), parts, 2)
+            and h.taken[0] > before
+        ),
+        f"the {kind} helper to take a piece",
+    )
 
 
 def _parts(rows: int, count: int, row_cuts: int, panel_cuts: int) -> np.ndarray:
@@ -118,15 +134,7 @@ def test_a_helper_spins_between_jobs_and_stops_when_closed() -> None:
             assert h.product(x, p.panels, p.zero_bias, out, parts, 2)
             assert out.tobytes() == want.tobytes()
         assert h.started == 1
-        _wait_until(lambda: h.awake == 1, "the helper to spin")
-        before = h.taken[0]
-        _wait_until(
-            lambda: (
-                h.product(x, p.panels, p.zero_bias, np.empty_like(want), parts, 2)
-                and h.taken[0] > before
-            ),
-            "the spinning helper to take a piece",
-        )
+        _spinning_helper_takes_a_piece(h, x, p, want, parts, "spinning")
         assert h.wakeups == 1  # spinning all along: never woken again
     finally:
         h.close()
@@ -408,14 +416,6 @@ def test_spinning_threads_yield_through_the_c_librarys_sched_yield() -> None:
                 out = np.empty_like(want)
                 assert h.product(x, p.panels, p.zero_bias, out, parts, 2)
                 assert out.tobytes() == want.tobytes()
-        _wait_until(lambda: h.awake == 1, "the helper to spin")
-        before = h.taken[0]
-        _wait_until(
-            lambda: (
-                h.product(x, p.panels, p.zero_bias, np.empty_like(want), parts, 2)
-                and h.taken[0] > before
-            ),
-            "the yielding helper to take a piece",
-        )
+        _spinning_helper_takes_a_piece(h, x, p, want, parts, "yielding")
     finally:
         h.close()
