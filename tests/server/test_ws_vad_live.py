@@ -452,7 +452,13 @@ def test_a_chunk_after_the_client_left_is_dropped_quietly(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
-def test_a_client_that_stops_reading_is_aborted_and_frees_its_slot(live: LiveServer) -> None:
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_a_client_that_stops_reading_is_aborted_and_frees_its_slot(
+    live: LiveServer, repeats: int
+) -> None:
+    """Messages of 11 s, and of 22 s (each more than ``MAX_BACKLOG_S``: the reader waits for
+    the backlog after every one; under the 1 MiB message limit): either way the write
+    deadline ends the socket."""
     aborted0 = metric(live, 'voxpool_connections_aborted_total{kind="write"}')
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -461,10 +467,10 @@ def test_a_client_that_stops_reading_is_aborted_and_frees_its_slot(live: LiveSer
     request = handshake(f"{ROUTE}?model=vad", f"Sec-WebSocket-Key: {KEY}\r\n".encode())
     request = request.replace(b"Host: t", f"Host: 127.0.0.1:{live.port}".encode())
     assert upgraded(s, request).startswith(b"HTTP/1.1 101 ")
-    message = frame(0x2, pcm("meeting"))  # 11 s a message
+    message = frame(0x2, pcm("meeting") * repeats)  # 11 s a repeat
     sent = 0
     try:
-        while sent < 50:  # 550 s, under max_audio_seconds; never reads a result
+        while sent < 50 // repeats:  # 550 s at most, under max_audio_seconds; never reads
             s.sendall(message)
             sent += 1
     except OSError:
