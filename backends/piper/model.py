@@ -49,6 +49,15 @@ class SynthesisInput:
 
 
 @attrs.frozen(eq=False)
+class Latent:
+    """A sentence whose latent was computed ahead (:meth:`PiperModel.latent`): only its flow
+    and HiFi-GAN remain, and they draw no noise."""
+
+    z_p: Array
+    durations: np.ndarray
+
+
+@attrs.frozen(eq=False)
 class PiperModel:
     """Shared, immutable: the backend, the weights uploaded once, the voice config."""
 
@@ -92,9 +101,10 @@ class PiperModel:
         return Synthesis(audio=self.decode_one(be, z_p), durations=durations)
 
     def synthesize_batch(
-        self, items: Sequence[SynthesisInput], backend: ArrayBackend | None = None
+        self, items: Sequence[SynthesisInput | Latent], backend: ArrayBackend | None = None
     ) -> list[Synthesis | Exception]:
-        """Several sentences at once; each result as :meth:`synthesize_ids` gives it alone.
+        """Several sentences at once; each result as :meth:`synthesize_ids` gives it alone
+        (a :class:`Latent` item: as :meth:`decode_one` decodes it).
 
         Each item's text encoder and duration predictor run on their own (noise is
         drawn from the item's RNG in the unbatched order: durations' noise, then the
@@ -115,12 +125,13 @@ class PiperModel:
         """
         be = backend or self.backend
         out: list[Synthesis | Exception | None] = [None] * len(items)
-        shared_rng = len({item.rng for item in items}) < len(items)  # by identity
+        rngs = [item.rng for item in items if isinstance(item, SynthesisInput)]
+        shared_rng = len(set(rngs)) < len(rngs)  # by identity
         host_path = self._on_host(be) is not None
         cores = parallel.SHARE.share() if host_path and not shared_rng else 1
         parallel.run_pieces(
             lambda group: self._synthesize_group(be, items, group, out),
-            core_groups([len(item.phoneme_ids) for item in items], cores),
+            core_groups([_phonemes(item) for item in items], cores),
         )
         done = [o for o in out if o is not None]
         if len(done) != len(items):
@@ -130,15 +141,19 @@ class PiperModel:
     def _synthesize_group(
         self,
         be: ArrayBackend,
-        items: Sequence[SynthesisInput],
+        items: Sequence[SynthesisInput | Latent],
         group: Sequence[int],
         out: list[Synthesis | Exception | None],
     ) -> None:
         """:meth:`synthesize_batch` of ``items[i] for i in group``, written to ``out[i]``."""
         latents: list[tuple[int, Array, np.ndarray]] = []
         for i in group:
+            item = items[i]
+            if isinstance(item, Latent):
+                latents.append((i, item.z_p, item.durations))
+                continue
             try:
-                z_p, durations = self.latent(be, items[i])
+                z_p, durations = self.latent(be, item)
             except Exception as error:  # this item only
                 out[i] = error
                 continue
@@ -229,6 +244,11 @@ class PiperModel:
                 for start, g in zip(starts, group, strict=True)
             ]
         return audio
+
+
+def _phonemes(item: SynthesisInput | Latent) -> int:
+    """An item's size for :func:`core_groups`: its phoneme ids (a latent has a duration each)."""
+    return len(item.durations if isinstance(item, Latent) else item.phoneme_ids)
 
 
 def core_groups(sizes: Sequence[int], cores: int) -> list[list[int]]:

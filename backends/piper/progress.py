@@ -8,7 +8,8 @@ at a time, :class:`backends.piper.batched.PiperEngine` many at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -21,7 +22,7 @@ from backends.piper.api import (
     PiperRequest,
     PiperResult,
 )
-from backends.piper.model import PiperModel, Synthesis, SynthesisInput
+from backends.piper.model import Latent, PiperModel, Synthesis, SynthesisInput
 from backends.piper.phonemize import phoneme_ids, phonemize
 
 
@@ -97,6 +98,31 @@ class Progress:
         noise_scale, length_scale, noise_w = self.scales
         ids = np.asarray(self.sentences[self.index][1])
         return SynthesisInput(ids, noise_scale, length_scale, noise_w, self.rng, budget)
+
+    def plan(
+        self,
+        latent: Callable[[SynthesisInput], tuple[Any, np.ndarray]],
+        most: int | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> list[tuple[int, Latent]]:
+        """The next sentences' latents (every one left, or at most ``most``), in order, each
+        counted toward the request's limits as it comes (:meth:`account`), with its index:
+        a request over a limit fails here, before any of them is decoded. ``latent`` is
+        the model's (text encoder, durations and noise: about a sixth of the work);
+        ``before`` runs before each sentence (a stop point). Decoding draws no noise, so
+        the RNG gives every sentence what a sentence-by-sentence synthesis gives it."""
+        out: list[tuple[int, Latent]] = []
+        while not self.done and (most is None or len(out) < most):
+            if before is not None:
+                before()
+            item = self.next_input()
+            try:
+                z_p, durations = latent(item)
+            except FrameLimitError as exc:
+                self.account(exc)  # raises the request's AudioLimitError
+                raise
+            out.append((self.account(durations), Latent(z_p, durations)))
+        return out
 
     def finish(self, outcome: Synthesis | Exception) -> PiperChunk:
         """The chunk of the sentence :meth:`next_input` gave, from the model's outcome

@@ -13,7 +13,7 @@ serves ``run`` and ``stream`` (one chunk per sentence, piper's sentence split).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from functools import partial
 
 import numpy as np
 
@@ -60,20 +60,11 @@ class PiperSession(HasIdentity):
         self._check(request)
         self._rng = rng = request_rng(request)
         progress = Progress.start(self.model, request, rng)
-        latents: list[tuple[int, Any]] = []
-        while not progress.done:
-            stop_point()  # between sentences (core.stopping)
-            item = progress.next_input()
-            try:
-                z_p, durations = self.model.latent(self.backend, item)
-            except FrameLimitError as exc:
-                progress.account(exc)  # raises the request's AudioLimitError
-                raise
-            latents.append((progress.account(durations), z_p))
+        latents = progress.plan(partial(self.model.latent, self.backend), None, stop_point)
         chunks = []
-        for index, z_p in latents:
+        for index, latent in latents:
             stop_point()
-            chunks.append(progress.output(index, self.model.decode_one(self.backend, z_p)))
+            chunks.append(progress.output(index, self.model.decode_one(self.backend, latent.z_p)))
         return result_of(tuple(chunks), self.model.config.sample_rate)
 
     def stream(self, request: PiperRequest) -> Iterator[PiperChunk]:

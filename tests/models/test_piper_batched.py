@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,13 +29,15 @@ from backends.piper import (
     load_model,
 )
 from backends.piper import model as piper_model
-from backends.piper.batched import AUDIO_TOLERANCE
+from backends.piper.batched import AUDIO_TOLERANCE, PLAN_AHEAD
 from backends.piper.phonemize import phoneme_ids, phonemize
+from backends.piper.progress import Progress, request_rng
 from core.engine import BatchEngine, Emitted, Member
 from tests.models.batching import check_offers_an_engine
 
 TWO = "Hello there. How are you today?"
 THREE = "Piper is fast. It sounds great. This has three sentences."
+TWO_S = PiperRequest(TWO, seed=9)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -181,6 +184,31 @@ def test_failing_members_do_not_disturb_the_others() -> None:
     assert isinstance(bad_key.error, ValueError)
     (unknown,) = engine.step([1])
     assert isinstance(unknown.error, KeyError)
+
+
+def test_a_run_member_over_its_limit_fails_as_its_plan_reaches_it() -> None:
+    """A run member plans PLAN_AHEAD sentences a step: its limit, crossed at sentence 10 of
+    14, fails it in its second step (decoding one sentence a step, it would be the tenth),
+    with the session's error; a stream member (which does not plan) in the same batch
+    goes on."""
+    text = " ".join(["One more sentence here."] * 14)
+    model, unlimited = _model(), PiperRequest(text, seed=5)
+    progress = Progress.start(model, unlimited, request_rng(unlimited))
+    planned = progress.plan(functools.partial(model.latent, model.backend))
+    frames = [int(latent.durations.sum()) for _, latent in planned]
+    seconds = np.cumsum(frames) * progress.frame_seconds
+    limited = PiperRequest(text, seed=5, max_seconds=float(seconds[8] + seconds[9]) / 2)
+    with pytest.raises(AudioLimitError) as unbatched:
+        _factory().create().run(limited)
+    seen = _drive(
+        _factory("streaming").engine(2), {0: [Member(0, limited, False), Member(1, TWO_S, True)]}
+    )
+    assert len(seen[0]) == 1 + math.ceil(10 / PLAN_AHEAD) == 3  # the join, then two steps
+    assert seen[0][1].error is None and seen[0][1].chunks == ()
+    assert isinstance(seen[0][-1].error, AudioLimitError)
+    assert str(seen[0][-1].error) == str(unbatched.value)
+    stream = list(_factory("streaming").create().stream(TWO_S))
+    assert _same_chunks(_chunks(seen[1]), stream) <= AUDIO_TOLERANCE
 
 
 def test_stream_members_yield_the_session_chunks() -> None:
