@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,3 +56,32 @@ def serve_config(config: Mapping[str, Any], path: Path) -> Any:
             del os.environ["OPENBLAS_NUM_THREADS"]
         else:
             os.environ["OPENBLAS_NUM_THREADS"] = pinned
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def served_model(family: str, threads: int) -> Iterator[tuple[Any, Callable[[], float]]]:
+    """A real, otherwise idle ``voxpool serve`` with one model of ``family`` (its id the
+    family's name, one slot, ``threads`` BLAS threads a call) on loopback: yields (an
+    ``httpx.Client`` on it, the server process's CPU seconds so far)."""
+    import httpx
+
+    logs = Path(tempfile.mkdtemp(prefix=f"voxpool-{family}-http-"))
+    config = {
+        "busy_timeout_ms": 0,
+        "threads": threads,
+        "models": [{"id": family, "family": family, "slots": 1}],
+    }
+    server = serve_config(config, logs / f"{family}-{threads}.json")
+    assert server.proc is not None
+    pid = server.proc.pid
+    try:
+        with httpx.Client(base_url=server.url, timeout=600.0) as client:
+            yield client, lambda: process_cpu(pid)
+    finally:
+        server.stop()

@@ -8,17 +8,22 @@ noise_scale stays at the voice's 0.667. ``rtf`` = compute time / audio duration,
 ``ratio`` = numpy time / onnxruntime time; ``cpu_ms``/``cpu_ratio`` the same in
 process CPU time, steadier on a shared machine. Runs alternate between the two.
 ``--profile`` adds where the numpy time goes (text encoder, duration predictor,
-flow, HiFi-GAN generator).
-Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile]``.
+flow, HiFi-GAN generator). ``--http`` adds ``voxpool-http``: the same text, one request
+at a time, through a real, otherwise idle ``voxpool serve`` (``threads: N``, one slot)
+on loopback, posted to ``/v1/audio/speech`` for raw PCM (HTTP, the server's runtime and
+the encoding included); its CPU time is the server process's plus this client's.
+Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile] [--http]``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +35,7 @@ import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as th
 
 # isort: split
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads  # noqa: E402
+from bench.common import blas_threads, served_model  # noqa: E402
 
 MODEL = "piper"
 PAUSE_S = 0.2
@@ -48,23 +53,34 @@ TEXTS = {
 
 
 def _interleaved(
-    fns: tuple[Callable[[], float], Callable[[], float]], repeats: int
+    fns: Sequence[Callable[[], float]],
+    repeats: int,
+    other_cpu: Sequence[Callable[[], float] | None] = (),
 ) -> list[tuple[float, float, float]]:
     """Per function: (median wall s, median CPU s, audio s). Runs alternate A, B, A, B...
-    so both sides see the same machine load; one warm-up run each first. Each run starts
+    so every side sees the same machine load; one warm-up run each first. Each run starts
     after a pause of :data:`PAUSE_S` (not timed): onnxruntime's pool threads spin after a
-    run, and a run started at once found its second core taken by them."""
-    walls: list[list[float]] = [[], []]
-    cpus: list[list[float]] = [[], []]
+    run, and a run started at once found its second core taken by them. CPU is this
+    process's, plus ``other_cpu[i]()``'s difference where given (a server's)."""
+    extra = list(other_cpu) + [None] * (len(fns) - len(other_cpu))
+    walls: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
     audio = [fn() for fn in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
             time.sleep(PAUSE_S)
+            other = extra[i]
+            o0 = other() if other is not None else 0.0
             t0, c0 = time.perf_counter(), time.process_time()
             audio[i] = fn()
             walls[i].append(time.perf_counter() - t0)
-            cpus[i].append(time.process_time() - c0)
-    return [(statistics.median(walls[i]), statistics.median(cpus[i]), audio[i]) for i in range(2)]
+            c1 = time.process_time()
+            o1 = other() if other is not None else 0.0
+            cpus[i].append(c1 - c0 + o1 - o0)
+    return [
+        (statistics.median(w), statistics.median(c), a)
+        for w, c, a in zip(walls, cpus, audio, strict=True)
+    ]
 
 
 def _root_first() -> None:
@@ -89,8 +105,11 @@ def _piper_voice(threads: int) -> Any:
     return PiperVoice(session=session, config=config)
 
 
-def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[dict[str, object]]:
-    """Both runtimes side by side; one row per (impl, input)."""
+def bench(
+    threads: int = 1, repeats: int = 5, backend: str = "numpy", http: bool = False
+) -> list[dict[str, object]]:
+    """Both runtimes side by side; one row per (impl, input). ``http`` adds ``voxpool-http``
+    (the same request through a real ``voxpool serve``, see the module's docstring)."""
     label_ours = f"voxpool-{backend}"
     _root_first()
     array_backend = _array_backend(backend)
@@ -103,7 +122,8 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
     syn = SynthesisConfig(noise_w_scale=0.0)
     rate = int(voice.config.sample_rate)
     rows: list[dict[str, object]] = []
-    with blas_threads(threads):
+    served = served_model(MODEL, threads) if http else contextlib.nullcontext(None)
+    with served as server, blas_threads(threads):
         for label, text in TEXTS.items():
             request = PiperRequest(text, noise_w=0.0, seed=0)
 
@@ -114,13 +134,17 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
                 samples = sum(int(c.audio_float_array.size) for c in voice.synthesize(text, syn))
                 return samples / rate
 
-            (np_s, np_cpu, np_audio), (ort_s, ort_cpu, ort_audio) = _interleaved(
-                (ours, peer), repeats
-            )
-            for impl, sec, cpu, audio_s in (
-                (label_ours, np_s, np_cpu, np_audio),
-                ("piper-tts/onnxruntime", ort_s, ort_cpu, ort_audio),
-            ):
+            impls = [label_ours, "piper-tts/onnxruntime"]
+            fns: list[Callable[[], float]] = [ours, peer]
+            other_cpu: list[Callable[[], float] | None] = [None, None]
+            if server is not None:
+                client, server_cpu = server
+                impls.append("voxpool-http")
+                fns.append(functools.partial(_post, client, text, rate))
+                other_cpu.append(server_cpu)
+            medians = _interleaved(fns, repeats, other_cpu)
+            ort_s, ort_cpu = medians[1][:2]
+            for impl, (sec, cpu, audio_s) in zip(impls, medians, strict=True):
                 rows.append(
                     {
                         "model": MODEL,
@@ -135,6 +159,21 @@ def bench(threads: int = 1, repeats: int = 5, backend: str = "numpy") -> list[di
                     }
                 )
     return rows
+
+
+def _post(client: Any, text: str, rate: int) -> float:
+    """``text`` through ``/v1/audio/speech`` (raw 16-bit PCM, ``noise_w`` 0 as above, seed 0):
+    the audio's seconds."""
+    body = {
+        "model": MODEL,
+        "input": text,
+        "response_format": "pcm",
+        "noise_w": 0.0,
+        "seed": 0,
+    }
+    r = client.post("/v1/audio/speech", json=body)
+    r.raise_for_status()
+    return len(r.content) / 2 / rate
 
 
 def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
@@ -198,6 +237,6 @@ def _table(rows: list[dict[str, object]]) -> str:
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_threads = int(args[0]) if args else 1
-    print(_table(bench(threads=n_threads)))
+    print(_table(bench(threads=n_threads, http="--http" in sys.argv)))
     if "--profile" in sys.argv:
         print(f"\nnumpy stages, ms (paragraph, {n_threads} thread(s)):", profile(threads=n_threads))

@@ -18,10 +18,8 @@ Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile] [--http]``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 import wave
 from collections.abc import Callable, Iterator
@@ -39,7 +37,7 @@ import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as th
 import numpy as np  # noqa: E402
 
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads, serve_config  # noqa: E402
+from bench.common import blas_threads, served_model  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "whisper"
 MODEL = "whisper-tiny.en"
@@ -90,43 +88,23 @@ def _interleaved(
     return {name: (statistics.median(wall[name]), statistics.median(cpu[name])) for name in names}
 
 
-def _process_cpu(pid: int) -> float:
-    """CPU seconds (user and system) process ``pid`` has used, from /proc (clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @contextmanager
 def _served(threads: int) -> Iterator[tuple[Callable[[bytes], str], Callable[[], float]]]:
     """A real ``voxpool serve`` (this model, one slot, ``threads`` BLAS threads a call): yields
     (post a WAV and return the text, the server process's CPU seconds so far)."""
-    import httpx
-
-    logs = Path(tempfile.mkdtemp(prefix="voxpool-whisper-http-"))
     family = "whisper"
-    config = {
-        "busy_timeout_ms": 0,
-        "threads": threads,
-        "models": [{"id": family, "family": family, "slots": 1}],
-    }
-    server = serve_config(config, logs / f"whisper-{threads}.json")
-    assert server.proc is not None
-    pid = server.proc.pid
-    try:
-        with httpx.Client(base_url=server.url, timeout=600.0) as client:
+    with served_model(family, threads) as (client, server_cpu):
 
-            def post(wav: bytes) -> str:
-                r = client.post(
-                    "/v1/audio/transcriptions",
-                    files={"file": ("a.wav", wav, "audio/wav")},
-                    data={"model": family},
-                )
-                r.raise_for_status()
-                return str(r.json()["text"])
+        def post(wav: bytes) -> str:
+            r = client.post(
+                "/v1/audio/transcriptions",
+                files={"file": ("a.wav", wav, "audio/wav")},
+                data={"model": family},
+            )
+            r.raise_for_status()
+            return str(r.json()["text"])
 
-            yield post, lambda: _process_cpu(pid)
-    finally:
-        server.stop()
+        yield post, server_cpu
 
 
 def _peer(compute_type: str, threads: int) -> Any:

@@ -449,19 +449,8 @@ def _conv_same_im2col(
     gaps: Gaps = (),
     lanes: int = 1,
 ) -> None:
-    """One "same"-padded stride-1 Conv1d over ``x [C_in, T]`` into ``out [C_out, T]``, fused.
-
-    Per time tile, in this order (each step optional):
-
-    * the input is ``leaky_relu(x, slope)`` (the zero padding applies after it);
-    * ``r = conv(.) + bias``, plus ``x`` itself when ``residual``;
-    * ``out = r``, or ``out += r`` when ``add_to``;
-    * ``out *= scale``, then ``out = leaky_relu(out, post_slope)`` (the next
-      layer's activation, when nothing else reads ``out``).
-
-    ``out`` must not overlap ``x``. ``gaps`` (a packed batch, :func:`zero_gaps`) are
-    zeroed in ``x`` first.
-    """
+    """:func:`conv_same` where numpy's BLAS is not found: the same steps per tile, the conv
+    one im2col GEMM (``lanes`` is not used)."""
     zero_gaps(x, gaps)
     c_in, t = x.shape
     pad = cw.padding
