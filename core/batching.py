@@ -214,6 +214,12 @@ class Drained(Generic[C]):
 
 _NO_HANDLE = SlotHandle(-1, -1)  # a free slot's (never handed out)
 
+MAX_AHEAD = 3
+"""Engine calls a member may decode past its owner's oldest unread chunk
+(:meth:`BatchScheduler.held`): one sentence a call for Piper's streams, so at most four
+sentences wait for a stalled client; slack enough that an owner a step or two late on a
+busy event loop is not held."""
+
 
 @attrs.define
 class _Slot(Generic[C]):
@@ -229,6 +235,7 @@ class _Slot(Generic[C]):
     handle: SlotHandle = _NO_HANDLE  # this epoch's, the one object every plan lists
     joined: int = 0  # the scheduler's step count when the member joined (while active)
     nothing: Drained[C] | None = None  # what an empty drain says while the member runs
+    unread_since: int = -1  # chunks wait since this delivery, or the owner's read after it
 
 
 _LIVE = (SlotState.ACTIVE, SlotState.STOPPED, SlotState.FINISHING)
@@ -244,13 +251,18 @@ class BatchScheduler(Generic[C]):
         window: float = 0.008,
         join_between_steps: bool = True,
         max_steps: int | None = None,
+        max_ahead: int | None = MAX_AHEAD,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if max_ahead is not None and max_ahead < 1:
+            raise ValueError("max_ahead must be at least 1 (or None)")
         self.max_batch = max_batch
         self.window = window
         self.join_between_steps = join_between_steps
         self.max_steps = max_steps
+        self.max_ahead = max_ahead
+        self._deliveries = 0  # step_chunks calls: one a join or step of the engine
         self._slots: list[_Slot[C]] = [_Slot() for _ in range(max_batch)]
         self._free: collections.deque[int] = collections.deque(range(max_batch))
         self._pending: collections.deque[int] = collections.deque()
@@ -284,7 +296,9 @@ class BatchScheduler(Generic[C]):
         if slot.error is not None:
             return Failed(handle, slot.error)
         if slot.chunks:
-            return Chunk(handle, slot.chunks.popleft())
+            chunk = Chunk(handle, slot.chunks.popleft())
+            slot.unread_since = self._deliveries if slot.chunks else -1  # the owner reads
+            return chunk
         if slot.state is SlotState.FINISHED:
             assert slot.outcome is not None
             return EndOfStream(handle, slot.outcome, slot.stop_reason)
@@ -299,6 +313,7 @@ class BatchScheduler(Generic[C]):
         if queued:
             chunks = tuple(queued)
             queued.clear()
+            slot.unread_since = -1
             return Drained(handle, chunks, slot.state is SlotState.FINISHED, slot.error)
         if slot.state is SlotState.FINISHED or slot.error is not None:
             return Drained(handle, (), slot.state is SlotState.FINISHED, slot.error)
@@ -393,7 +408,10 @@ class BatchScheduler(Generic[C]):
         self, deliveries: Iterable[tuple[SlotHandle, Sequence[C]]]
     ) -> list[Ignored | StaleHandle]:
         """:meth:`chunks_ready` for each ``(handle, chunks)`` of a step, in order; only the
-        refusals are returned (none when every member was decoding)."""
+        refusals are returned (none when every member was decoding). The driver calls it
+        once for every engine call (a join or a step), chunks or not: :meth:`held` counts
+        those calls."""
+        self._deliveries += 1
         refused: list[Ignored | StaleHandle] = []
         for handle, chunks in deliveries:
             refusal = self._queue(handle, chunks)
@@ -408,8 +426,26 @@ class BatchScheduler(Generic[C]):
             return StaleHandle(handle)
         if slot.state not in _LIVE:
             return Ignored(handle, slot.state, Reason.INVALID_STATE, "member is not decoding")
+        if chunks and not slot.chunks:
+            slot.unread_since = self._deliveries
         slot.chunks.extend(chunks)
         return None
+
+    def held(self, slot: int) -> bool:
+        """Whether the member on ``slot`` waits for its owner: chunks wait, and the owner has
+        not read for :attr:`max_ahead` engine calls (joins and steps, :meth:`step_chunks`)
+        since the oldest of them was queued. A member whose owner stops reading (a client
+        that does not read its stream) then stops decoding, however long its request,
+        instead of filling memory and taking the batch's time until a write deadline; it
+        goes on once its owner reads. A slow reader paces its member; a stalled one stops
+        it. (:meth:`drain` takes every queued chunk, so with it at most ``max_ahead + 1``
+        engine calls' chunks wait.)"""
+        state = self._slots[slot]
+        return (
+            self.max_ahead is not None
+            and state.unread_since >= 0
+            and self._deliveries - state.unread_since >= self.max_ahead
+        )
 
     def member_finished(self, handle: SlotHandle) -> Ack | Ignored | StaleHandle:
         """The member hit its stop condition: it leaves the batch; its tail comes in the next

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -44,6 +45,7 @@ def configure_logging(level: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     configure_logging(getattr(args, "log_level", "info"))
+    faulthandler.enable()  # a native crash leaves every thread's Python stack in the log
     runtime_kind = select_runtime(bool(args.parallel_jobs))
     try:
         config = (

@@ -350,6 +350,12 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
             "queued_requests": {"type": "integer"},
             "queued_management": {"type": "integer"},
             "max_parallel_slots": {"type": ["integer", "null"]},
+            "batching": B,
+            "held_members": {
+                "type": "integer",
+                "description": "a loaded batching model only: members waiting for their "
+                "clients to read what they decoded (they decode no further until then)",
+            },
             "loaded": B,
             "state": S,
             "path": {

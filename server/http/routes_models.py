@@ -68,8 +68,10 @@ async def model(request: Request) -> Response:
 def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
     """``/v1/models``'s rows: every model's spec and counters (paths for a manager only)."""
     data = []
+    drivers = st.runtime.drivers
     for row in st.runtime.status():
         spec = st.runtime.specs[row.id]
+        driver = drivers.get(row.id)
         data.append(
             {
                 "id": row.id,
@@ -86,6 +88,7 @@ def model_rows(st: ServerState, manager: bool) -> list[dict[str, Any]]:
                 "queued_management": row.queued_management,
                 "max_parallel_slots": row.max_parallel_slots,
                 "batching": spec.batching,
+                **({"held_members": driver.held_members} if driver is not None else {}),
                 "loaded": row.loaded,
                 "state": row.state,
                 **({"path": spec.path} if manager else {}),

@@ -197,6 +197,10 @@ class BatchDriver:
         # live or has input (a push marks it; a step drops the marks of those without)
         self._marks: list[int] = []
         self._marked = bytearray(engine.max_batch)
+        # the members a step left out because their owners had not read (scheduler.held):
+        # their owner's next read marks them again and wakes the decode task
+        self._held = bytearray(engine.max_batch)
+        self._holding = 0  # how many are held
         self._progress = anyio.Event()
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
@@ -207,6 +211,12 @@ class BatchDriver:
     def members(self) -> int:
         """Launched members whose owners have not released their batch slot yet."""
         return len(self._requests)
+
+    @property
+    def held_members(self) -> int:
+        """Members the last step left out because their owners have not read
+        (:meth:`core.batching.BatchScheduler.held`); each goes on at its owner's next read."""
+        return self._holding
 
     # ------------------------------------------------------------ owner side
     async def run(self, request: Any) -> Any:
@@ -266,6 +276,9 @@ class BatchDriver:
             if got.error is not None:
                 raise self._errors.pop(handle, None) or BatchMemberFailed(got.error)
             if got.chunks:  # drain again after them: steps may have queued more meanwhile
+                if self._held[handle.slot]:  # read at last: the member may decode again
+                    self._unhold(handle.slot)
+                    self._pushed(handle.slot)
                 for chunk in got.chunks:
                     if not waited:
                         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -292,6 +305,8 @@ class BatchDriver:
             self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
+        if self._held[handle.slot]:
+            self._unhold(handle.slot)
         feed = self._feeds[handle.slot]
         if feed is not None:
             feed.on_push = None  # a late push no longer marks the slot's next member
@@ -388,41 +403,50 @@ class BatchDriver:
 
     async def _gather(self, plan: StepPlan) -> list[SlotHandle] | None:
         """Before a step of live members only (nothing joins or finishes): once one is ready
-        and another is not, wait :attr:`live_window` for the others' input, so that they step
-        together. The ready members when it did not wait (None: look again). Cancellation
-        (the driver stopping) may land here: nothing was done yet."""
+        and another (not held by its owner) is not, wait :attr:`live_window` for the
+        others' input, so that they step together. The ready members when it did not wait
+        (None: look again). Cancellation (the driver stopping) may land here: nothing was
+        done yet."""
         if plan.join or plan.finish or self.live_window <= 0:
             return None
         ready = self._ready()
-        if 0 < len(ready) < self.scheduler.active_members():
+        if 0 < len(ready) < self.scheduler.active_members() - self._holding:
             await self.clock.sleep_until(self.clock.now() + self.live_window)
             return None
         return ready
 
     def _ready(self) -> list[SlotHandle]:
         """The members that can advance now, in slot order: active (joined, not stopped, in
-        the engine), and not live or with input in their feed. Only marked members are
-        looked at; the marks of the others are dropped (their next push marks them again)."""
+        the engine), not live or with input in their feed, and not held by an owner that
+        has not read (:meth:`BatchScheduler.held`). Only marked members are looked at; the
+        marks of the others are dropped (their next push, or their owner's next read, marks
+        them again)."""
         marks, marked = self._marks, self._marked
         if not marks:
             return []
         marks.sort()
-        active_handle, in_engine, feeds = self.scheduler.active_handle, self._in_engine, self._feeds
+        scheduler, in_engine, feeds = self.scheduler, self._in_engine, self._feeds
         ready: list[SlotHandle] = []
         for slot in marks:
-            handle = active_handle(slot)
+            handle = scheduler.active_handle(slot)
             feed = feeds[slot]
-            if (
-                handle is not None
-                and in_engine[slot] == handle.epoch
-                and (feed is None or feed.ready)
-            ):
-                ready.append(handle)
-            else:
+            waiting = feed is not None and not feed.ready
+            if handle is None or in_engine[slot] != handle.epoch or waiting:
                 marked[slot] = 0
+            elif scheduler.held(slot):
+                marked[slot] = 0
+                if not self._held[slot]:
+                    self._held[slot] = 1
+                    self._holding += 1
+            else:
+                ready.append(handle)
         if len(ready) < len(marks):
             self._marks = [h.slot for h in ready]
         return ready
+
+    def _unhold(self, slot: int) -> None:
+        self._held[slot] = 0
+        self._holding -= 1
 
     def _mark(self, slot: int) -> None:
         """The member on ``slot`` may have something to do at the next step."""

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core.batching import (
+    MAX_AHEAD,
     Ack,
     BatchScheduler,
     Chunk,
@@ -275,8 +276,10 @@ class BatchingMachine(RuleBasedStateMachine):
     @initialize(max_batch=st.integers(1, 3), continuous=st.booleans())
     def setup(self, max_batch: int, continuous: bool) -> None:
         self.s: BatchScheduler[tuple[Hashable, int]] = BatchScheduler(
-            max_batch, window=0.01, join_between_steps=continuous
+            max_batch, window=0.01, join_between_steps=continuous, max_ahead=2
         )
+        self.deliveries = 0  # engine calls (step_chunks)
+        self.since: dict[int, int] = {}  # chunks wait since (delivery), per request
         self.now = 0.0
         self.next_id = 0
         self.free = list(range(max_batch))
@@ -322,22 +325,30 @@ class BatchingMachine(RuleBasedStateMachine):
         for f in decision.finish:
             assert f.handle not in self.finished_once  # each tail decided once
             self.finished_once.add(f.handle)
+        deliveries: list[tuple[SlotHandle, list[tuple[Hashable, int]]]] = []
+        self.deliveries += 1
         for h in decision.advance:
             action = data.draw(st.sampled_from(("chunk", "chunk", "stop", "fail", "none")))
             if action == "chunk":
                 rid = self.rid(h)
-                assert isinstance(self.s.chunk_ready(h, (rid, self.sent[rid])), Ack)
-                self.sent[rid] += 1
+                deliveries.append((h, [(rid, self.sent[rid])]))
+                self._queued(rid)
             elif action == "stop":
                 assert isinstance(self.s.member_finished(h), Ack)
             elif action == "fail":
                 assert isinstance(self.s.member_failed(h, "boom"), Ack)
+        assert self.s.step_chunks(deliveries) == []  # one engine call, every member decoding
         for f in decision.finish:
             if f.emit_tail:
                 rid = self.rid(f.handle)
                 self.s.chunk_ready(f.handle, (rid, self.sent[rid]))
-                self.sent[rid] += 1
+                self._queued(rid)
             assert isinstance(self.s.tail_done(f.handle), Ack)
+
+    def _queued(self, rid: int) -> None:
+        if self.sent[rid] == self.read_n[rid]:  # the first chunk to wait
+            self.since[rid] = self.deliveries
+        self.sent[rid] += 1
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -348,6 +359,7 @@ class BatchingMachine(RuleBasedStateMachine):
         if isinstance(got, Chunk):
             assert got.data == (rid, self.read_n[rid])  # own data, in order
             self.read_n[rid] += 1
+            self.since[rid] = self.deliveries  # the owner read (the rest waits from now)
         elif isinstance(got, EndOfStream):
             assert self.read_n[rid] == self.sent[rid]
             self.outcome[rid] = got.outcome
@@ -396,6 +408,15 @@ class BatchingMachine(RuleBasedStateMachine):
             assert self.s.handle_of(h.slot) == h
         assert sorted(self.s.free_slots()) == sorted(self.free)
         assert list(self.s.free_slots()) == self.free
+
+    @invariant()
+    def held_when_the_owner_did_not_read_for_max_ahead_calls(self) -> None:
+        if not hasattr(self, "s"):
+            return
+        for rid, h in self.live.items():
+            waiting = self.sent[rid] > self.read_n[rid]
+            expected = waiting and self.deliveries - self.since[rid] >= 2
+            assert self.s.held(h.slot) == expected, (rid, self.deliveries, self.since)
 
     def teardown(self) -> None:
         if not hasattr(self, "s"):
@@ -465,3 +486,42 @@ def test_step_chunks_queues_a_step_and_returns_only_the_refusals() -> None:
     assert s.drain(c) == Drained(c, ("c1",), ended=False)
     assert s.drain(b) == Drained(b, (), ended=True, error="boom")  # nothing queued after
     assert s.drain(a) is s.drain(a) == Drained(a, (), ended=False)  # one empty answer
+
+
+def test_a_member_whose_owner_does_not_read_is_held_after_max_ahead_engine_calls() -> None:
+    s: BatchScheduler[str] = BatchScheduler(2, window=0.0, max_ahead=2)
+    a, b = launch(s, "a"), launch(s, "b")
+    plan(s)
+    assert s.step_chunks([]) == []  # the join: no chunks, still an engine call
+    s.step_chunks([(a, ["a1"]), (b, ["b1"])])
+    assert s.drain(b).chunks == ("b1",)  # b's owner reads, a's does not
+    s.step_chunks([(a, ["a2"]), (b, ["b2"])])
+    assert not s.held(a.slot) and not s.held(b.slot)  # a1 waits since one more call
+    s.step_chunks([(a, ["a3"]), (b, ["b3"])])
+    assert s.held(a.slot) and not s.held(b.slot)  # a1 waits since two more calls
+    assert s.drain(a).chunks == ("a1", "a2", "a3") and not s.held(a.slot)  # read: a goes on
+    s.step_chunks([(b, ["b4"])])
+    assert s.held(b.slot)  # b2 waits since two more calls
+    assert s.read(b) == Chunk(b, "b2")
+    assert not s.held(b.slot)  # the owner reads: two more calls before it is held again
+    s.step_chunks([])
+    assert not s.held(b.slot)
+    s.step_chunks([])
+    assert s.held(b.slot)
+    assert s.read(b) == Chunk(b, "b3") and not s.held(b.slot)
+    assert s.read(b) == Chunk(b, "b4") and not s.held(b.slot)  # nothing waits now
+    s.step_chunks([])
+    s.step_chunks([])
+    assert not s.held(b.slot)
+
+
+def test_max_ahead_none_never_holds_and_must_be_positive() -> None:
+    s: BatchScheduler[str] = BatchScheduler(1, window=0.0, max_ahead=None)
+    h = launch(s, "a")
+    plan(s)
+    for i in range(10):
+        s.step_chunks([(h, [str(i)])])
+    assert not s.held(h.slot)
+    assert BatchScheduler(1).max_ahead == MAX_AHEAD
+    with pytest.raises(ValueError, match="max_ahead"):
+        BatchScheduler(1, max_ahead=0)

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from core.batching import MAX_AHEAD
 from core.engine import BatchEngine, Emitted
 from core.pool import Session, SessionFactory
 from server.runtime import ModelSpec, Runtime, RuntimeConfig
@@ -163,6 +164,29 @@ async def test_streams_are_members_too() -> None:
     async with runtime(provider) as rt, rt.open_stream("m", {"chunks": 3}) as chunks:
         got = [chunk async for chunk in chunks]
     assert [c["chunk"] for c in got] == [0, 1, 2]
+
+
+async def test_a_member_whose_owner_stops_reading_waits_for_it() -> None:
+    """A stream whose owner reads its first chunk and then nothing more decodes at most
+    MAX_AHEAD more engine calls past its oldest unread chunk and then none, while another
+    member goes on alone; once the owner reads, it decodes to its end, every chunk in
+    order."""
+    provider = GatedProvider()
+    provider.open()
+    async with runtime(provider) as rt, rt.open_stream("m", {"chunks": 20}) as chunks:
+        driver = rt.drivers["m"]
+        reader = chunks.__aiter__()
+        assert (await reader.__anext__())["chunk"] == 0
+        await until(lambda: driver.held_members == 1)
+        await anyio.wait_all_tasks_blocked()
+        stepped = len(provider.stepped)
+        assert stepped <= 2 + MAX_AHEAD  # its first step, one more, then MAX_AHEAD at most
+        other = await rt.run("m", {"duration": 2.0})  # steps alone meanwhile
+        assert all(keys == (other["batch_slot"],) for keys in provider.stepped[stepped:])
+        assert driver.held_members == 1 and len(provider.stepped) == stepped + 2
+        rest = [chunk["chunk"] async for chunk in reader]
+    assert rest == list(range(1, 20))
+    assert driver.held_members == 0
 
 
 async def test_unload_stops_the_decode_task_and_closes_the_engine() -> None:

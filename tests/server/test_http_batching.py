@@ -9,6 +9,8 @@ client that leaves mid-batch must give its slot back.
 from __future__ import annotations
 
 import io
+import json
+import socket
 import wave
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,8 @@ from tests.server.live import DATA, LiveServer, parse_sse
 WHISPER_DATA = Path(__file__).resolve().parents[1] / "data" / "whisper"
 FILES = ("short", "weather", "meeting", "recipe")
 VAD_TOLERANCE = 1e-5
+GUARD_S = 120.0
+"""A hang guard on any single wait, never a verdict."""
 PIPER_TOLERANCE_LSB = 4
 """Batched Piper audio within 1e-4 of the session's (backends/piper: measured 6e-6), in 16-bit
 samples: a few least significant bits."""
@@ -203,3 +207,54 @@ def test_a_client_leaving_mid_batch_gives_its_slot_back(batched: LiveServer) -> 
     with batched.client() as client:
         again = transcribe(client, "short")
     assert again.status_code == 200, again.text
+
+
+def test_a_stream_whose_client_stops_reading_is_held_until_it_reads(batched: LiveServer) -> None:
+    """A batched Piper stream to a client that reads nothing decodes a few sentences past what
+    the kernel's buffers took and then waits (``held_members``), while the model serves
+    others; once the client reads, it goes on to its end: the audio a client that read all
+    along got (within the batch's tolerance: other members may share its steps)."""
+    text = " ".join(f"This is sentence number {i} of a stream nobody reads." for i in range(12))
+    body = {"model": "piper_stream", "input": text, "stream_format": "audio",
+            "response_format": "pcm", "seed": 3}  # fmt: skip
+    with batched.client() as client:
+        expected = client.post("/v1/audio/speech", json=body).content
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(GUARD_S)
+    s.connect(("127.0.0.1", batched.port))
+    payload = json.dumps(body).encode()
+    s.sendall(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+        + payload
+    )
+    try:
+        batched.wait_for("piper_stream", lambda r: r["held_members"] == 1, timeout=GUARD_S)
+        with batched.client() as client:  # the model still serves others
+            other = client.post("/v1/audio/speech", json={**body, "input": "Hello there."})
+        assert other.status_code == 200 and other.content
+        assert batched.model("piper_stream")["held_members"] == 1
+        received = b""
+        while chunk := s.recv(65536):
+            received += chunk
+    finally:
+        s.close()
+    head, _, chunked = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    got = np.frombuffer(dechunk(chunked), "<i2").astype(np.int32)
+    want = np.frombuffer(expected, "<i2").astype(np.int32)
+    assert len(got) == len(want) and np.abs(got - want).max() <= PIPER_TOLERANCE_LSB
+    row = batched.wait_for("piper_stream", lambda r: r["active_slots"] == 0)
+    assert row["held_members"] == 0
+
+
+def dechunk(data: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's bytes (to its last, empty chunk)."""
+    out = b""
+    while True:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, data = out + data[:n], data[n + 2 :]

@@ -7,12 +7,13 @@ queued, when the signal arrives, however fast this machine is.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import httpx
 
 from tests.server.gated import GatedServer, granted_at, released_at, wait_until
-from tests.server.live import DATA, in_thread
+from tests.server.live import DATA, LiveServer, in_thread
 
 SPEECH = "/v1/audio/speech"
 
@@ -88,4 +89,19 @@ def test_sigterm_drains_admitted_and_queued_work(server_logs: Path) -> None:
     finally:
         for c in clients:
             c.close()
+        server.stop()
+
+
+def test_a_native_crash_leaves_every_threads_python_stack_in_the_log(server_logs: Path) -> None:
+    """A fault in native code (a BLAS, a compiled kernel) kills the process without a Python
+    exception: ``voxpool serve`` enables faulthandler, so the log says where each thread was."""
+    server = LiveServer(DATA / "lazy_vad.json", server_logs).start()
+    try:
+        assert httpx.get(server.url + "/health", timeout=10.0).status_code == 200
+        server.signal(signal.SIGSEGV)
+        assert server.proc is not None and server.proc.wait(60) == -signal.SIGSEGV
+        log = server.log()
+        assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
+        assert "most recent call first" in log and "trio" in log, log[-2000:]
+    finally:
         server.stop()
