@@ -13,18 +13,25 @@ class AudioError(ValueError):
     """Input audio that cannot be decoded or used."""
 
 
+PER_REQUEST = "per request (max_audio_seconds)"
+"""What bounds a request's audio, as :meth:`AudioLimitError.message` says it by default."""
+
+
 class AudioLimitError(AudioError):
     """Audio longer than the request may give (``max_audio_seconds``)."""
 
     def __init__(self, seconds: float, max_seconds: float, *, at_least: bool = False) -> None:
         """``at_least``: decoding stopped at ``seconds``, so the audio is at least that long."""
-        length = f"more than {max_seconds:g} s" if at_least else f"{seconds:.1f} s"
-        super().__init__(
-            f"the audio is {length} long; "
-            f"at most {max_seconds:g} s of audio per request (max_audio_seconds)"
-        )
         self.seconds = seconds
         self.max_seconds = max_seconds
+        self.at_least = at_least
+        super().__init__(self.message(PER_REQUEST))
+
+    def message(self, bound: str) -> str:
+        """The refusal, naming what set the limit (``bound``: :data:`PER_REQUEST`, or a
+        batch's share)."""
+        length = f"more than {self.max_seconds:g} s" if self.at_least else f"{self.seconds:.1f} s"
+        return f"the audio is {length} long; at most {self.max_seconds:g} s of audio {bound}"
 
 
-__all__ = ["MAX_CHANNELS", "RATES", "AudioError", "AudioLimitError"]
+__all__ = ["MAX_CHANNELS", "PER_REQUEST", "RATES", "AudioError", "AudioLimitError"]

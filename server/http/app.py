@@ -325,4 +325,4 @@ def build_app(state: ServerState) -> ASGIApp:
     inner = CancelOnDisconnect(
         routes_live.WebSocketNotFound(app), lambda route: gone.labels(route).inc()
     )
-    return Observe(BodyLimit(inner, state.config.max_request_body_bytes), state)
+    return Observe(BodyLimit(inner, state.config.max_request_body_bytes, app.routes), state)

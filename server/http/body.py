@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -13,6 +13,7 @@ import anyio.to_thread
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartParser
 from starlette.requests import ClientDisconnect, Request
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.policy import TIMEOUT_MS_MAX
@@ -32,9 +33,10 @@ class BodyLimit:
     the response before the client reads it.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
         self.limit = limit
+        self.routes = routes  # to name the route of a request refused before routing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,6 +61,7 @@ class BodyLimit:
                     await _drain(receive)
                 await send(message)
 
+            self._name_route(scope)
             await self._too_large(scope, receive, drained)
             return
         seen = 0
@@ -95,6 +98,16 @@ class BodyLimit:
         except _TooLarge:
             if not started:
                 await self._too_large(scope, receive, watch)
+
+    def _name_route(self, scope: Scope) -> None:
+        """Record in ``scope`` the route a request refused before routing would have reached
+        (as the router does), so that its metrics and log name that route, not
+        ``(unmatched)``."""
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                scope["route"] = route
+                return
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from server.audio import AudioError, b64decode, b64encode, load_for_model, wav_bytes
+from server.audio_errors import PER_REQUEST, AudioLimitError
 from server.codecs import SPEECH_AUDIO, StreamEncoder, encode_speech, output_rate
 from server.families.http import (
     SPEECH_FORMATS,
@@ -188,6 +189,7 @@ async def audio_input(
     filename: str | None,
     rate: int,
     max_seconds: float,
+    bound: str = PER_REQUEST,
 ) -> np.ndarray:
     """The request's audio at ``rate``: an uploaded file, base64, or a server-local path.
 
@@ -195,7 +197,8 @@ async def audio_input(
     content (``filename`` is not consulted). Reading, base64, decoding and
     resampling run in a worker thread; audio longer than ``max_seconds`` is
     refused from its header (a WAV) or stated duration (other containers) before
-    decoding, and a decode stops as soon as it passes ``max_seconds``.
+    decoding, and a decode stops as soon as it passes ``max_seconds``; the 400 says
+    ``bound`` set it.
     """
     encoded: str | None = None
     path: Any = None
@@ -225,6 +228,8 @@ async def audio_input(
             if not raw:
                 raise bad("the uploaded file is empty")
             return load_for_model(raw, rate, max_seconds)
+        except AudioLimitError as exc:  # ``bound`` says what set ``max_seconds``
+            raise bad(exc.message(bound)) from None
         except AudioError as exc:
             raise bad(str(exc)) from None
 

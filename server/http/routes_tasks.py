@@ -13,6 +13,7 @@ import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from server.audio_errors import PER_REQUEST
 from server.families.http import MAX_BATCH, server_timing, speech_limit_error, timing
 from server.families.registry import limit_errors
 from server.http.body import busy_timeout, json_object
@@ -33,9 +34,16 @@ def inner(body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(req)
 
 
-async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any], audio_seconds: float) -> Any:
-    """The family request of a task request; audio may be at most ``audio_seconds`` long. A
-    ``model`` inside it must be the model it runs on (400, not silently another)."""
+async def build(
+    st: ServerState,
+    spec: ModelSpec,
+    req: dict[str, Any],
+    audio_seconds: float,
+    bound: str = PER_REQUEST,
+) -> Any:
+    """The family request of a task request; audio may be at most ``audio_seconds`` long
+    (``bound`` says why, in the 400). A ``model`` inside it must be the model it runs on
+    (400, not silently another)."""
     named = req.get("model")
     if named is not None and named != spec.id:
         raise bad(
@@ -49,7 +57,7 @@ async def build(st: ServerState, spec: ModelSpec, req: dict[str, Any], audio_sec
         defaults = spec.extra.get("default_request_options", {})
         return adapter.request(req, defaults, st.config, adapter.aliases(spec.extra))
     adapter.check_fields(req)
-    audio = await audio_input(st, req, None, None, adapter.sample_rate, audio_seconds)
+    audio = await audio_input(st, req, None, None, adapter.sample_rate, audio_seconds, bound)
     return adapter.request(req, audio)
 
 
@@ -83,9 +91,15 @@ async def batch_requests(
     of input audio in all, and ``max_speech_seconds`` of speech shared in proportion to each
     entry's text (each entry also keeps its own per-character bound)."""
     reqs: list[Any] = []
-    audio_left = st.config.max_audio_seconds
-    for entry in raw:
-        req = await build(st, spec, dict(entry), audio_left)
+    most = audio_left = st.config.max_audio_seconds
+    for index, entry in enumerate(raw):
+        bound = PER_REQUEST
+        if audio_left < most:
+            bound = (
+                f"for requests[{index}]: the entries of a batch share "
+                f"max_audio_seconds={most:g}, and those before it took {most - audio_left:.1f} s"
+            )
+        req = await build(st, spec, dict(entry), audio_left, bound)
         audio = getattr(req, "audio", None)
         if audio is not None:
             audio_left -= audio.size / st.adapter(spec).sample_rate

@@ -548,7 +548,7 @@ def limit_cases(limits: Limits) -> list[Case]:
                 "model": "silero_vad",
                 "requests": [{"audio_base64": b64(noise_wav(limits.audio_seconds * 0.6))}] * 2,
             },
-            contains="max_audio_seconds",
+            contains="for requests[1]: the entries of a batch share max_audio_seconds",
         ),
     ]
 

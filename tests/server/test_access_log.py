@@ -249,10 +249,17 @@ def test_metrics_label_requests_by_route_not_by_the_path_asked_for(
     for i in range(3):
         assert http.get(f"/v1/nothing/{i}-x").status_code == 404
         assert http.get(f"/v1/models/ghost-{i}").status_code == 404
+    for path in ("/v1/audio/transcriptions", "/v1/nothing/big"):  # refused before routing
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {10**15}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", main_server.port), timeout=HANG_GUARD_S) as s:
+            s.sendall(head.encode())
+            assert s.recv(64).startswith(b"HTTP/1.1 413 ")
     text = http.get("/metrics").text
     assert 'route="(unmatched)",status="404"' in text
     assert 'route="/v1/models/{id}",status="404"' in text
     assert "ghost-" not in text and "/v1/nothing" not in text
+    assert 'route="/v1/audio/transcriptions",status="413"' in text
+    assert 'route="(unmatched)",status="413"' in text
 
 
 LEVEL_REQUESTS = (
