@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import io
 import logging
 import os
 import sys
@@ -45,7 +46,6 @@ def configure_logging(level: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     configure_logging(getattr(args, "log_level", "info"))
-    faulthandler.enable()  # a native crash leaves every thread's Python stack in the log
     runtime_kind = select_runtime(bool(args.parallel_jobs))
     try:
         config = (
@@ -78,12 +78,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"voxpool serve: {exc}", file=sys.stderr)
         return 2
     config = attrs.evolve(config, threads=limit_blas_threads(config.threads))
+    enable_faulthandler()
     import trio
 
     with contextlib.ExitStack() as stack:
         trace: IO[str] | None = stack.enter_context(open(args.trace, "w")) if args.trace else None
         code = trio.run(serve, config, trace)
     return code
+
+
+def enable_faulthandler() -> None:
+    """A native crash (a BLAS, a compiled kernel) then leaves every thread's Python stack on
+    stderr, in the log. Not where stderr is no file (a caller capturing it in-process)."""
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+        faulthandler.enable()
 
 
 BLAS_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -635,7 +635,9 @@ __kernel void gemm_block(__global float* C, __global const float* A, __global co
                 if (conv_stride == 1 && base >= 0 && base + 8 <= conv_tin)
                     b = vload8(0, xr + base);
                 else if (conv_stride == 2 && base >= 0 && base + 16 <= conv_tin)
-                    b = vload16(0, xr + base).even;
+                    // two float8 loads, not vload16: the pip wheels' PoCL (LLVM 14) returns a
+                    // float16 with the wrong ABI on CPUs with AVX-512 (AMD Zen 4: garbage)
+                    b = (float8)(vload8(0, xr + base).even, vload8(0, xr + base + 8).even);
                 else
                     b = load_b8(B, r, n0, N, ldb, 0, conv_tin, conv_k, conv_stride, conv_dil,
                                 conv_pad);
