@@ -89,8 +89,11 @@ def main(args: argparse.Namespace) -> int:
 
 def enable_faulthandler() -> None:
     """A native crash (a BLAS, a compiled kernel) then leaves every thread's Python stack on
-    stderr, in the log. Not where stderr is no file (a caller capturing it in-process)."""
-    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+    stderr, in the log. Left alone where it is on already (``PYTHONFAULTHANDLER``, or
+    pytest's, when a test calls ``serve`` in-process) or where stderr is no file."""
+    if faulthandler.is_enabled():
+        return
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError, io.UnsupportedOperation):
         faulthandler.enable()
 
 

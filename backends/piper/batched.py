@@ -177,7 +177,10 @@ class PiperEngine:
                 item = inputs[key]
                 if _draws(item):
                     item.rng.bit_generator.state = states[key]  # redraw the same noise
-                out[key] = self.model.synthesize_batch([item], self.backend)[0]
+                try:
+                    out[key] = self.model.synthesize_batch([item], self.backend)[0]
+                except Exception as error:  # this member's own failure
+                    out[key] = error
             return out
 
     def _emit(self, key: int, row: _Row, chunk: PiperChunk | None) -> Emitted:

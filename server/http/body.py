@@ -103,11 +103,16 @@ class BodyLimit:
         """Record in ``scope`` the route a request refused before routing would have reached
         (as the router does), so that its metrics and log name that route, not
         ``(unmatched)``."""
+        partial = None
         for route in self.routes:
             match, _ = route.matches(scope)
-            if match is not Match.NONE:
+            if match is Match.FULL:
                 scope["route"] = route
                 return
+            if match is Match.PARTIAL and partial is None:
+                partial = route  # the path, not the method: the router's 405
+        if partial is not None:
+            scope["route"] = partial
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = error_response(

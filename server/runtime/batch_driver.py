@@ -380,6 +380,8 @@ class BatchDriver:
         :meth:`_gather` just found, when nothing happened since); False when there was
         nothing to do at all: nothing finished or joined and no active member was ready."""
         for finish in plan.finish:
+            if self._held[finish.handle.slot]:  # it leaves the active members
+                self._unhold(finish.handle.slot)
             await self._leave(finish.handle)
             self.scheduler.tail_done(finish.handle)
         if plan.join:

@@ -370,6 +370,15 @@ class BatchingMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
+    def drain(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        got = self.s.drain(self.live[rid])
+        assert isinstance(got, Drained)
+        assert got.chunks == tuple((rid, i) for i in range(self.read_n[rid], self.sent[rid]))
+        self.read_n[rid] = self.sent[rid]  # every queued chunk taken: nothing waits
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.live)))
         assert not isinstance(self.s.abort(self.live[rid]), StaleHandle)

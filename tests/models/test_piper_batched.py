@@ -211,6 +211,40 @@ def test_a_run_member_over_its_limit_fails_as_its_plan_reaches_it() -> None:
     assert _same_chunks(_chunks(seen[1]), stream) <= AUDIO_TOLERANCE
 
 
+@pytest.mark.parametrize("alone_fails", [False, True])
+def test_a_failed_batch_is_redone_member_by_member(
+    alone_fails: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch of a run member (planned: latents) and a stream member (not: inputs
+    drawing noise) fails as a whole: each is redone alone, the stream's noise redrawn, so
+    both give the session's audio; when the stream's sentence also fails alone, only the
+    stream fails and the run member still gives its result."""
+    real = piper_model.PiperModel.synthesize_batch
+    failed = []
+
+    def flaky(self: PiperModel, items: Any, backend: Any = None) -> Any:
+        if len(items) > 1 and not failed:
+            failed.append(len(items))
+            raise RuntimeError("the batch failed")
+        if alone_fails and isinstance(items[0], piper_model.SynthesisInput):
+            raise RuntimeError("this sentence fails")
+        return real(self, items, backend)
+
+    monkeypatch.setattr(piper_model.PiperModel, "synthesize_batch", flaky)
+    seen = _drive(
+        _factory("streaming").engine(2),
+        {0: [Member(0, REQUESTS[3], False), Member(1, TWO_S, True)]},
+    )
+    assert failed == [2]
+    assert _same_result(_result(seen[0]), _expected()[3]) <= AUDIO_TOLERANCE
+    if alone_fails:
+        assert str(seen[1][-1].error) == "this sentence fails"
+    else:
+        monkeypatch.setattr(piper_model.PiperModel, "synthesize_batch", real)
+        stream = list(_factory("streaming").create().stream(TWO_S))
+        assert _same_chunks(_chunks(seen[1]), stream) <= AUDIO_TOLERANCE
+
+
 def test_stream_members_yield_the_session_chunks() -> None:
     session = _factory("streaming").create()
     requests = [REQUESTS[3], REQUESTS[1], PiperRequest(THREE, seed=3, max_sentence_seconds=30.0)]

@@ -184,7 +184,8 @@ async def test_a_member_whose_owner_stops_reading_waits_for_it() -> None:
         other = await rt.run("m", {"duration": 2.0})  # steps alone meanwhile
         assert all(keys == (other["batch_slot"],) for keys in provider.stepped[stepped:])
         assert driver.held_members == 1 and len(provider.stepped) == stepped + 2
-        rest = [chunk["chunk"] async for chunk in reader]
+        with anyio.fail_after(HANG_GUARD_S):  # a lost wake-up would hang here
+            rest = [chunk["chunk"] async for chunk in reader]
     assert rest == list(range(1, 20))
     assert driver.held_members == 0
 
