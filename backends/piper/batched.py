@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
-from typing import TypeGuard
 
 import attrs
 
@@ -167,18 +166,18 @@ class PiperEngine:
         if not inputs:
             return {}
         keys = list(inputs)
-        states = {k: i.rng.bit_generator.state for k, i in inputs.items() if _draws(i)}
+        drawn = {k: i for k, i in inputs.items() if isinstance(i, SynthesisInput)}
+        states = {k: i.rng.bit_generator.state for k, i in drawn.items()}  # latents drew theirs
         try:
             results = self.model.synthesize_batch([inputs[k] for k in keys], self.backend)
             return dict(zip(keys, results, strict=True))
         except Exception:
             out: dict[int, Synthesis | Exception] = {}
             for key in keys:
-                item = inputs[key]
-                if _draws(item):
-                    item.rng.bit_generator.state = states[key]  # redraw the same noise
+                if key in drawn:
+                    drawn[key].rng.bit_generator.state = states[key]  # redraw the same noise
                 try:
-                    out[key] = self.model.synthesize_batch([item], self.backend)[0]
+                    out[key] = self.model.synthesize_batch([inputs[key]], self.backend)[0]
                 except Exception as error:  # this member's own failure
                     out[key] = error
             return out
@@ -193,8 +192,3 @@ class PiperEngine:
         if not done:
             return Emitted(key)
         return Emitted(key, (result_of(row.chunks, self.model.config.sample_rate),), done=True)
-
-
-def _draws(item: SynthesisInput | Latent) -> TypeGuard[SynthesisInput]:
-    """Whether synthesizing ``item`` draws noise (a planned latent has drawn its own)."""
-    return isinstance(item, SynthesisInput)

@@ -197,10 +197,9 @@ class BatchDriver:
         # live or has input (a push marks it; a step drops the marks of those without)
         self._marks: list[int] = []
         self._marked = bytearray(engine.max_batch)
-        # the members a step left out because their owners had not read (scheduler.held):
-        # their owner's next read marks them again and wakes the decode task
-        self._held = bytearray(engine.max_batch)
-        self._holding = 0  # how many are held
+        # members the last look for ready ones left out, held by owners that have not read
+        # (scheduler.held: they keep their marks; an owner's read wakes the decode task)
+        self.held_members = 0
         self._progress = anyio.Event()
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
@@ -211,12 +210,6 @@ class BatchDriver:
     def members(self) -> int:
         """Launched members whose owners have not released their batch slot yet."""
         return len(self._requests)
-
-    @property
-    def held_members(self) -> int:
-        """Members the last step left out because their owners have not read
-        (:meth:`core.batching.BatchScheduler.held`); each goes on at its owner's next read."""
-        return self._holding
 
     # ------------------------------------------------------------ owner side
     async def run(self, request: Any) -> Any:
@@ -269,6 +262,7 @@ class BatchDriver:
         parked = self._parking()
         waited = False
         while True:
+            held = self.scheduler.held(handle.slot)
             got = self.scheduler.drain(handle)
             if isinstance(got, StaleHandle):
                 self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
@@ -276,9 +270,8 @@ class BatchDriver:
             if got.error is not None:
                 raise self._errors.pop(handle, None) or BatchMemberFailed(got.error)
             if got.chunks:  # drain again after them: steps may have queued more meanwhile
-                if self._held[handle.slot]:  # read at last: the member may decode again
-                    self._unhold(handle.slot)
-                    self._pushed(handle.slot)
+                if held:  # read at last: the member (still marked) may decode again
+                    self._wake.set()
                 for chunk in got.chunks:
                     if not waited:
                         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -305,8 +298,6 @@ class BatchDriver:
             self.violation(f"'{self.model}': batch slot {handle.slot} reused before release")
         self._requests.pop(handle, None)
         self._errors.pop(handle, None)
-        if self._held[handle.slot]:
-            self._unhold(handle.slot)
         feed = self._feeds[handle.slot]
         if feed is not None:
             feed.on_push = None  # a late push no longer marks the slot's next member
@@ -380,8 +371,6 @@ class BatchDriver:
         :meth:`_gather` just found, when nothing happened since); False when there was
         nothing to do at all: nothing finished or joined and no active member was ready."""
         for finish in plan.finish:
-            if self._held[finish.handle.slot]:  # it leaves the active members
-                self._unhold(finish.handle.slot)
             await self._leave(finish.handle)
             self.scheduler.tail_done(finish.handle)
         if plan.join:
@@ -412,7 +401,7 @@ class BatchDriver:
         if plan.join or plan.finish or self.live_window <= 0:
             return None
         ready = self._ready()
-        if 0 < len(ready) < self.scheduler.active_members() - self._holding:
+        if 0 < len(ready) < self.scheduler.active_members() - self.held_members:
             await self.clock.sleep_until(self.clock.now() + self.live_window)
             return None
         return ready
@@ -420,10 +409,11 @@ class BatchDriver:
     def _ready(self) -> list[SlotHandle]:
         """The members that can advance now, in slot order: active (joined, not stopped, in
         the engine), not live or with input in their feed, and not held by an owner that
-        has not read (:meth:`BatchScheduler.held`). Only marked members are looked at; the
-        marks of the others are dropped (their next push, or their owner's next read, marks
-        them again)."""
+        has not read (:meth:`BatchScheduler.held`: counted in :attr:`held_members`, and kept
+        marked for the step after that owner's read). Only marked members are looked at; the
+        marks of the others are dropped (their next push marks them again)."""
         marks, marked = self._marks, self._marked
+        self.held_members = 0
         if not marks:
             return []
         marks.sort()
@@ -436,19 +426,12 @@ class BatchDriver:
             if handle is None or in_engine[slot] != handle.epoch or waiting:
                 marked[slot] = 0
             elif scheduler.held(slot):
-                marked[slot] = 0
-                if not self._held[slot]:
-                    self._held[slot] = 1
-                    self._holding += 1
+                self.held_members += 1
             else:
                 ready.append(handle)
-        if len(ready) < len(marks):
-            self._marks = [h.slot for h in ready]
+        if len(ready) + self.held_members < len(marks):
+            self._marks = [slot for slot in marks if marked[slot]]
         return ready
-
-    def _unhold(self, slot: int) -> None:
-        self._held[slot] = 0
-        self._holding -= 1
 
     def _mark(self, slot: int) -> None:
         """The member on ``slot`` may have something to do at the next step."""
