@@ -21,7 +21,7 @@ from core.policy import Invalid, RuntimeKind, validate_slots_for_runtime
 from server.runtime import BusyError, InvalidRequestError, ModelSpec, NotFoundError, Runtime
 from server.runtime.tracing import TraceLog
 from sim.clock import SimClock
-from sim.fakes import FakeProvider, FakeScript
+from sim.fakes import FakeProvider, FakeScript, Reader
 from sim.outcomes import ActionOutcome
 from sim.scenario import Action, Scenario
 
@@ -167,11 +167,15 @@ class ActionPlayer:
             return await self.rt.run_on(held, req)
 
     async def stream(self, a: Action) -> Any:
-        req = {k: a.params[k] for k in ("chunks", "chunk_time", "fail_step") if k in a.params}
+        req: dict[str, Any] = {
+            k: a.params[k] for k in ("chunks", "chunk_time", "fail_step") if k in a.params
+        }
+        req["reader"] = reader = Reader(a.id)
         read_time = float(a.params.get("read_time", 0.0))
         got = []
         async with self.rt.open_stream(a.model, req, a.params.get("timeout_ms")) as chunks:
             async for chunk in chunks:
+                reader.taken += 1
                 if read_time > 0:
                     await self.clock.sleep_until(self.clock.now() + read_time)
                 got.append(chunk)

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from core.batching import MAX_AHEAD
 from core.engine import BatchEngine, Emitted, Member
 from core.pool import Interface, Session, SessionFactory
 from core.stopping import stop_point
@@ -133,12 +134,32 @@ class FakeRunError(RuntimeError):
     """A run failure injected by a request (``fail = true``)."""
 
 
+AHEAD_BOUND = 2 * (MAX_AHEAD + 1)
+"""Chunks a batched stream member may have made beyond those its client has taken: the
+owner's queue (at most ``MAX_AHEAD + 1`` engine calls' chunks, one each, before the member
+is held: :meth:`core.batching.BatchScheduler.held`) plus the chunks of the owner's last
+drain that the client has not taken yet (at most as many)."""
+
+
+@attrs.define(eq=False)
+class Reader:
+    """A stream's client as its batched member sees it: how many chunks it has taken (the
+    simulator's stream action counts them; a fake engine checks :data:`AHEAD_BOUND`)."""
+
+    action: str
+    taken: int = 0
+
+    def __repr__(self) -> str:  # traces and findings show the action, never an address
+        return f"Reader({self.action!r}, taken={self.taken})"
+
+
 @attrs.define
 class _FakeMember:
     request: Mapping[str, Any]
     stream: bool
     steps: int  # steps left
     done: int = 0  # steps taken
+    reported: bool = False  # ran ahead of its reader (reported once)
 
 
 @attrs.define(eq=False)
@@ -158,6 +179,7 @@ class FakeEngine:
     weights: FakeWeights
     max_batch: int
     problem: Callable[[str], None]
+    ran_ahead: Callable[[str], None]
     members: dict[int, _FakeMember] = attrs.field(factory=dict)
     closed: bool = False
     joined: int = 0
@@ -202,11 +224,23 @@ class FakeEngine:
             return Emitted(key, error=FakeRunError("injected step failure"))
         revision = self.weights.revision
         if member.stream:
+            self._check_reader(key, member)
             chunk = {"revision": revision, "batch_slot": key, "chunk": member.done - 1}
             return Emitted(key, (chunk,), done=member.steps == 0)
         if member.steps > 0:
             return Emitted(key)
         return Emitted(key, ({"revision": revision, "batch_slot": key},), done=True)
+
+    def _check_reader(self, key: int, member: _FakeMember) -> None:
+        reader = member.request.get("reader")
+        if not isinstance(reader, Reader) or member.reported:
+            return
+        if member.done - reader.taken > AHEAD_BOUND:
+            member.reported = True
+            self.ran_ahead(
+                f"'{self.model}': batch key {key} ({reader.action}) made chunk {member.done} "
+                f"while its client had taken {reader.taken} (at most {AHEAD_BOUND} ahead)"
+            )
 
     def leave(self, key: int) -> None:
         self.members.pop(key, None)
@@ -231,6 +265,7 @@ class FakeProvider:
         self.loads: dict[str, int] = {}
         self.clone_attempts: dict[str, int] = {}
         self.premature: list[str] = []
+        self.ran_ahead: list[str] = []  # batched stream members ahead of their readers
         self.events: list[tuple[float, str, str]] = []
         self.hooks: dict[tuple[str, str], list[Callable[[], None]]] = {}
 
@@ -370,7 +405,12 @@ class FakeProvider:
     async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
         assert isinstance(factory, FakeFactory)
         return FakeEngine(
-            factory.spec.id, factory.script, factory.weights, max_batch, self.premature.append
+            factory.spec.id,
+            factory.script,
+            factory.weights,
+            max_batch,
+            self.premature.append,
+            self.ran_ahead.append,
         )
 
     async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:

@@ -156,6 +156,7 @@ def _action(
             params["chunk_time"] = draw(st.sampled_from((0.2, 1.0)))
             if model in batched and draw(st.booleans()):
                 params["read_time"] = 1.0  # a slow reader (what batching must survive)
+                params["chunks"] = draw(st.sampled_from((3, 12)))  # long: it must be held
         else:
             params["duration"] = draw(st.sampled_from(DURATIONS))
         if do == "batch":

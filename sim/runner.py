@@ -134,6 +134,8 @@ class _Run:
             self.note(f"invariant 2: {text}")
         for text in self.provider.premature:
             self.note(f"invariant 6: {text}")
+        for text in self.provider.ran_ahead:
+            self.note(f"held members: {text}")
 
     def on_stall(self) -> bool:
         """Everything blocked and no timer left: report it and cancel what waits (invariant 10)."""

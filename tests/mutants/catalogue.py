@@ -5,10 +5,11 @@ core or ``server.runtime`` for the duration of the block and restores it after.
 Each reintroduces exactly one bug from the reference (docs/reference.md;
 docs/reference-cases.md maps its cases to tests): §3.9 (the v1 scheduler),
 §8.1-8.4 and §6.5, plus the three race reports of issue #10 (idle clock,
-abandoned initializer, re-registration reload) and a run that ignores its stop
-flag (:mod:`core.stopping`). The tests in this folder prove that the simulator
-(its scenario files and its fuzzer) catches every one of them, and that the real
-code passes the same checks.
+abandoned initializer, re-registration reload), a run that ignores its stop
+flag (:mod:`core.stopping`) and a batched stream member that is never held for
+a client that stops reading (:meth:`core.batching.BatchScheduler.held`). The
+tests in this folder prove that the simulator (its scenario files and its fuzzer)
+catches every one of them, and that the real code passes the same checks.
 
 ``SIMULATED`` mutants live in code the simulator runs: all of them, since the
 runtime drives :mod:`core.batching` for models registered with ``batching``
@@ -234,6 +235,11 @@ def _batch_early_free() -> Iterator[None]:
         yield
 
 
+def _never_held(self: BatchScheduler[Any], slot: int) -> bool:
+    """Session 17's probe: a member decodes on whatever its owner has read."""
+    return False
+
+
 # ------------------------------------------------------------- race reports (issue #10)
 def _release_without_use(self: Core, model: str, ticket: int, now: float) -> Any:
     """Report 1: a released request lease does not count as use; the idle clock and LRU
@@ -314,6 +320,16 @@ MUTANTS: dict[str, MutantInfo] = {
             "BatchScheduler._end pushes the slot to the free list; release pushes only if absent",
             _batch_early_free,
             "scenarios/batched_slow_reader_keeps_its_slot.toml",
+        ),
+        MutantInfo(
+            "member_never_held",
+            "a batched stream member whose client stops reading decodes on at full speed, "
+            "its chunks piling up in memory",
+            "session 17 (an outside probe: two stalled Piper streams took 25 s of CPU in 20 s "
+            "and 90 MB)",
+            "BatchScheduler.held is always false",
+            _one(BatchScheduler, "held", _never_held),
+            "scenarios/batched_stalled_reader_is_held.toml",
         ),
         MutantInfo(
             "residency_after_teardown",

@@ -262,7 +262,9 @@ class NoWindowProvider(FakeProvider):
     async def engine(self, factory: Any, max_batch: int) -> BatchEngine:
         fake = await super().engine(factory, max_batch)
         assert isinstance(fake, FakeEngine)
-        return NoWindowEngine(fake.model, fake.script, fake.weights, max_batch, fake.problem)
+        return NoWindowEngine(
+            fake.model, fake.script, fake.weights, max_batch, fake.problem, fake.ran_ahead
+        )
 
 
 async def test_an_engine_may_declare_its_own_collection_window() -> None:
