@@ -11,6 +11,35 @@ from pathlib import Path
 from typing import Any
 
 
+def machine() -> str:
+    """One line naming what the figures depend on: the CPU, the BLAS numpy runs and its
+    kernel set, and an ``OPENBLAS_CORETYPE`` forcing that set (server.blas.kernels_note)."""
+    import platform
+
+    import numpy  # noqa: F401  (loads its BLAS)
+    from threadpoolctl import threadpool_info
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        first = ""
+    fields = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines())}
+    if fields:
+        family, model = fields.get("cpu family"), fields.get("model")
+        cpu = f"{fields.get('model name', cpu)} (family {family}, model {model})"
+    blas = [
+        f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')} kernels"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return f"machine: {cpu}, {os.cpu_count()} CPUs; blas: {', '.join(blas) or 'none found'}" + (
+        f" (OPENBLAS_CORETYPE={forced})" if forced else ""
+    )
+
+
 @contextmanager
 def blas_threads(threads: int) -> Iterator[None]:
     """Limit BLAS (and OpenMP) threads for the block; without threadpoolctl the environment

@@ -35,7 +35,7 @@ import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as th
 
 # isort: split
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads, served_model  # noqa: E402
+from bench.common import blas_threads, machine, served_model  # noqa: E402
 
 MODEL = "piper"
 PAUSE_S = 0.2
@@ -235,6 +235,7 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 
 if __name__ == "__main__":
+    print(machine())
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_threads = int(args[0]) if args else 1
     print(_table(bench(threads=n_threads, http="--http" in sys.argv)))

@@ -23,7 +23,7 @@ if sys.path[:1] != [str(ROOT)]:  # the project's packages, not bench/backends.py
     sys.path.insert(0, str(ROOT))
 
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads  # noqa: E402
+from bench.common import blas_threads, machine  # noqa: E402
 
 RATE = 16000
 CHUNK = 512
@@ -194,4 +194,5 @@ def _print_table(rows: list[dict[str, object]]) -> None:
 
 
 if __name__ == "__main__":
+    print(machine())
     _print_table(bench(threads=int(sys.argv[1]) if len(sys.argv) > 1 else 1))

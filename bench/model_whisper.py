@@ -37,7 +37,7 @@ import backends  # noqa: E402,F401  # before numpy: OpenBLAS's environment as th
 import numpy as np  # noqa: E402
 
 from bench.common import array_backend as _array_backend  # noqa: E402
-from bench.common import blas_threads, served_model  # noqa: E402
+from bench.common import blas_threads, machine, served_model  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "whisper"
 MODEL = "whisper-tiny.en"
@@ -225,6 +225,7 @@ def _print_table(rows: list[dict[str, object]]) -> None:
 
 
 if __name__ == "__main__":
+    print(machine())
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_threads = int(args[0]) if args else 1
     if "--profile" in sys.argv:

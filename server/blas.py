@@ -48,6 +48,65 @@ def threads_for(calls: int, cores: int) -> int:
     return max(1, cores // max(1, calls))
 
 
+AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+"""The CPU flags OpenBLAS's AVX-512 (``SkylakeX``) kernels use."""
+
+NARROW_KERNELS = frozenset({"haswell", "zen", "sandybridge", "nehalem", "core2", "prescott"})
+"""OpenBLAS kernel sets of at most 256-bit vectors (threadpoolctl's ``architecture``)."""
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The flags of the first processor ``/proc/cpuinfo``'s text lists."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def kernels_note(
+    architecture: str | None, flags: frozenset[str], coretype: str | None
+) -> str | None:
+    """What to tell an operator whose environment's ``OPENBLAS_CORETYPE`` (``coretype``) has
+    numpy's OpenBLAS run 256-bit kernels (``architecture``) on a CPU with AVX-512
+    (``flags``): every product at half the vector width. Measured on a Zen 5 with
+    ``OPENBLAS_CORETYPE=Haswell``: Piper 1.35-1.43 times piper-tts's time at one thread,
+    0.87-0.96 with OpenBLAS's own choice (docs/performance.md, "Session 18"). The setting
+    is the operator's to keep (voxpool never overrides it); None when there is nothing
+    to say."""
+    if not coretype or architecture is None or not AVX512.issubset(flags):
+        return None
+    if architecture.lower() not in NARROW_KERNELS:
+        return None
+    return (
+        f"OPENBLAS_CORETYPE={coretype} has numpy's OpenBLAS run its {architecture} kernels "
+        "(256-bit) on a CPU with AVX-512: products run at half the vector width "
+        "(unset it to let OpenBLAS choose)"
+    )
+
+
+def loaded_kernels() -> str | None:
+    """The kernel set numpy's OpenBLAS runs (threadpoolctl's ``architecture``), or None."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
+        return None
+    for info in threadpool_info():
+        if info.get("internal_api") == "openblas" and info.get("architecture"):
+            return str(info["architecture"])
+    return None
+
+
+def startup_kernels_note() -> str | None:
+    """:func:`kernels_note` for this process and machine (None off Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = cpu_flags(f.read())
+    except OSError:
+        return None
+    return kernels_note(loaded_kernels(), flags, os.environ.get("OPENBLAS_CORETYPE"))
+
+
 def blas_setter() -> Callable[[int], None] | None:
     """A function that sets the process's core share (:data:`backends.parallel.SHARE`: the
     BLAS threads of every product and the pieces the numpy backend's splits run at once),

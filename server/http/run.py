@@ -17,6 +17,7 @@ from typing import IO
 
 import anyio
 
+from server.blas import startup_kernels_note
 from server.config import ServerConfig
 from server.http.app import build_app
 from server.http.lifespan import LifespanError, lifespan
@@ -88,6 +89,9 @@ async def _listen(config: ServerConfig, server: HttpServer, signals: AsyncIterat
         f"serving {len(config.models)} model(s) on http://{config.host}:{config.port} "
         f"({config.runtime.value} runtime)"
     )
+    note = startup_kernels_note()
+    if note is not None:
+        _say(f"warning: {note}")
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, listeners)
         async for _ in signals:
