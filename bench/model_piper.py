@@ -8,11 +8,13 @@ noise_scale stays at the voice's 0.667. ``rtf`` = compute time / audio duration,
 ``ratio`` = numpy time / onnxruntime time; ``cpu_ms``/``cpu_ratio`` the same in
 process CPU time, steadier on a shared machine. Runs alternate between the two.
 ``--profile`` adds where the numpy time goes (text encoder, duration predictor,
-flow, HiFi-GAN generator). ``--http`` adds ``voxpool-http``: the same text, one request
-at a time, through a real, otherwise idle ``voxpool serve`` (``threads: N``, one slot)
-on loopback, posted to ``/v1/audio/speech`` for raw PCM (HTTP, the server's runtime and
+flow, HiFi-GAN generator); ``--idle`` the same stages on the short sentence, run back
+to back and after :data:`IDLE_S` idle (what a request arriving at an idle server
+meets). ``--http`` adds ``voxpool-http``: the same text, one request at a time,
+through a real, otherwise idle ``voxpool serve`` (``threads: N``, one slot) on
+loopback, posted to ``/v1/audio/speech`` for raw PCM (HTTP, the server's runtime and
 the encoding included); its CPU time is the server process's plus this client's.
-Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile] [--http]``.
+Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile] [--idle] [--http]``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from bench.common import blas_threads, machine, served_model  # noqa: E402
 MODEL = "piper"
 PAUSE_S = 0.2
 """Idle time before each timed run (see :func:`_interleaved`)."""
+IDLE_S = 0.5
+"""``--idle``: the pause before each run of the stage timings that shows what idling costs."""
 TEXTS = {
     "short (1 sentence)": "Hello world, this is a test.",
     "medium (1 sentence)": (
@@ -176,8 +180,11 @@ def _post(client: Any, text: str, rate: int) -> float:
     return len(r.content) / 2 / rate
 
 
-def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
-    """Median ms per model stage of the numpy implementation on the paragraph text."""
+def profile(
+    threads: int = 1, repeats: int = 5, text: str = "paragraph (3 sentences)", pause: float = 0.0
+) -> dict[str, float]:
+    """Median ms per model stage of the numpy implementation on ``text`` (a key of
+    :data:`TEXTS`), each run after ``pause`` idle seconds (0: back to back)."""
     _root_first()
     from backends.piper import PiperRequest, load_factory
     from backends.piper import model as piper_model
@@ -206,13 +213,14 @@ def profile(threads: int = 1, repeats: int = 5) -> dict[str, float]:
         return run
 
     session = load_factory().create()
-    request = PiperRequest(TEXTS["paragraph (3 sentences)"], noise_w=0.0, seed=0)
+    request = PiperRequest(TEXTS[text], noise_w=0.0, seed=0)
     try:
         for s in stages:
             setattr(piper_model, s, timed(s))
         with blas_threads(threads):
             session.run(request)
             for _ in range(repeats):
+                time.sleep(pause)
                 current.clear()
                 t0 = time.perf_counter()
                 session.run(request)
@@ -241,3 +249,7 @@ if __name__ == "__main__":
     print(_table(bench(threads=n_threads, http="--http" in sys.argv)))
     if "--profile" in sys.argv:
         print(f"\nnumpy stages, ms (paragraph, {n_threads} thread(s)):", profile(threads=n_threads))
+    if "--idle" in sys.argv:
+        for pause in (0.0, IDLE_S, 0.0, IDLE_S):
+            stages = profile(n_threads, repeats=9, text="short (1 sentence)", pause=pause)
+            print(f"numpy stages, ms (short, {n_threads} thread(s), {pause} s idle first):", stages)
