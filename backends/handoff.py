@@ -47,7 +47,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 from numba.np.numpy_support import carray as _carray
 
-from backends import kernels
+from backends import kernels, placement
 
 BOARD_WORDS = 64
 WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN, YIELD = 0, 8, 16, 24, 32, 33, 34, 56, 60
@@ -456,6 +456,7 @@ class Helpers:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._wakeups = 0
+        self._pinned: list[frozenset[int] | None] = []  # each helper's CPUs (None: its own)
 
     @property
     def awake(self) -> int:
@@ -541,6 +542,7 @@ class Helpers:
             return False
         try:
             helpers = self._start(min(lanes - 1, MAX_HELPERS))
+            self._place(helpers)
             for index in range(helpers):  # this job's helpers that sleep: woken, not waited for
                 if not self._board[AWAKE + index]:
                     self._wakes[index].set()
@@ -549,6 +551,21 @@ class Helpers:
             return True
         finally:
             self._holder.release()
+
+    def _place(self, helpers: int) -> None:
+        """Moves this job's helpers off the master's CPU where one is on it
+        (:mod:`backends.placement`: a helper woken after a long sleep may otherwise be put on
+        the master's core and spin there while another core idles). A helper stays where it
+        was put until a master runs on its CPUs, so this costs a system call only then."""
+        others = placement.others(placement.current_cpu())
+        if others is None:
+            return
+        for index in range(helpers):
+            pinned = self._pinned[index]
+            if pinned is None or not pinned <= others:
+                tid = self._threads[index].native_id
+                if tid is not None and placement.move(tid, others):
+                    self._pinned[index] = others
 
     def _start(self, helpers: int) -> int:
         """Starts helpers up to ``helpers``; returns how many there are for this job."""
@@ -561,6 +578,7 @@ class Helpers:
                 )
                 thread.start()
                 self._threads.append(thread)
+                self._pinned.append(None)
             return min(helpers, len(self._threads))
 
     def _loop(self, index: int) -> None:
@@ -578,7 +596,7 @@ class Helpers:
         """Stops the helpers and waits for them (a later job runs on its master alone)."""
         with self._lock:
             self._closed = True
-            threads, self._threads = self._threads, []
+            threads, self._threads, self._pinned = self._threads, [], []
         self._board[STOP] = 1
         for wake in self._wakes:
             wake.set()

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Generic, TypeVar
 
+from backends import placement
+
 T = TypeVar("T")
 
 
@@ -150,13 +152,14 @@ class CoreShare:
         try:
             pool = self._workers()
             queue = _Queue(self._as_piece(piece), items)
-            futures = [pool.submit(queue.lane) for _ in range(workers - 1)]
-            try:
-                queue.lane()
-            finally:
-                for future in futures:
-                    if not future.cancel():  # started: wait for its piece to end
-                        future.exception()
+            with placement.keep_here() as cpu:  # the lanes go to the other cores
+                futures = [pool.submit(queue.lane, cpu) for _ in range(workers - 1)]
+                try:
+                    queue.lane()
+                finally:
+                    for future in futures:
+                        if not future.cancel():  # started: wait for its piece to end
+                            future.exception()
             if queue.error is not None:
                 raise queue.error
         finally:
@@ -252,8 +255,11 @@ class _Queue(Generic[T]):
             self._next += 1
             return self._next - 1
 
-    def lane(self) -> None:
-        """Runs pieces until the queue is empty or a piece failed (recorded in :attr:`error`)."""
+    def lane(self, away_from: int | None = None) -> None:
+        """Runs pieces until the queue is empty or a piece failed (recorded in :attr:`error`);
+        a worker's lane first moves off the caller's CPU ``away_from``
+        (:func:`backends.placement.away_from`)."""
+        placement.away_from(away_from)
         while (i := self._take()) is not None:
             try:
                 self._piece(self._items[i])
