@@ -99,9 +99,13 @@ class CoreShare:
         self._piece = threading.local()  # .depth: pieces (and sequential blocks) on the thread
 
     def _control(self) -> Any | None:
+        """The BLAS control, looked up once (under the lock: a second thread's first call
+        waits for the first's lookup instead of seeing none)."""
         if not self._looked_up:
-            self._looked_up = True
-            self._controller = _blas_controller()
+            with self._lock:
+                if not self._looked_up:
+                    self._controller = _blas_controller()
+                    self._looked_up = True
         return self._controller
 
     def set_threads(self, n: int | None) -> None:

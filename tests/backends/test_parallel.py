@@ -284,3 +284,33 @@ def test_sequential_runs_splits_in_order_and_leaves_the_blas_as_it_is() -> None:
     with pytest.raises(RuntimeError, match="inside"), share.sequential():
         raise RuntimeError("inside")
     assert not share.in_piece() and share.share() == 2
+
+
+def test_threads_first_using_a_share_at_once_all_get_its_blas_control(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control is looked up once: a thread that asks while another's lookup runs waits
+    for it instead of running without control (a share of 1, ``one_thread`` doing nothing)."""
+    started, release = threading.Event(), threading.Event()
+    blas = FakeBlas(2)
+    calls = []
+
+    def slow_lookup() -> FakeBlas:
+        calls.append(1)
+        started.set()
+        release.wait(10)
+        return blas
+
+    monkeypatch.setattr(parallel, "_blas_controller", slow_lookup)
+    share = CoreShare()
+    seen: list[int] = []
+    first = threading.Thread(target=lambda: seen.append(share.share()))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=lambda: seen.append(share.share()))
+    second.start()
+    second.join(0.2)  # waits for the first lookup (or, before the fix, saw no control)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert seen == [2, 2] and calls == [1]
