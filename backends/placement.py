@@ -12,10 +12,11 @@ the caller held on its core and the other threads on the other one, 54-57 ms eit
 
 So while a split runs, :func:`keep_here` holds the caller on the core it is on, and each
 lane that joins it moves itself to the other cores of its allowed set (:func:`away_from`).
-Which thread computes which piece never changes a result. The process's CPU mask (what
-an operator set with ``taskset``, say) is read when this module loads and never widened;
-where it has one CPU, or the platform has no ``sched_getcpu`` and
-``sched_setaffinity`` (not Linux), nothing moves. ``VOXPOOL_PLACEMENT=0`` turns it off.
+Which thread computes which piece never changes a result. A lane moves within the
+process's CPU mask (what an operator set with ``taskset``, say), read when this module
+loads; the caller gets back the mask it had. Where the process has one CPU, or the
+platform has no ``sched_getcpu`` and ``sched_setaffinity`` (not Linux), nothing moves.
+``VOXPOOL_PLACEMENT=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -65,30 +66,39 @@ def _allowed() -> frozenset[int]:
     return _PROCESS
 
 
-def _move(cpus: frozenset[int]) -> None:
-    """The calling thread onto ``cpus`` (unless it is there already)."""
-    if getattr(_local, "now", None) == cpus:
-        return
+def _set(cpus: frozenset[int]) -> bool:
+    """The calling thread onto ``cpus``; False where that failed (a CPU gone offline, a
+    cpuset changed: it stays where it was)."""
+    _local.now = None
     try:
         os.sched_setaffinity(0, cpus)
-    except OSError:  # a CPU gone offline, a cpuset changed: stay where allowed
-        return
-    _local.now = cpus
+    except OSError:
+        return False
+    return True
+
+
+def _move(cpus: frozenset[int]) -> None:
+    """A lane's thread onto ``cpus`` (no system call when it was moved there last)."""
+    if getattr(_local, "now", None) != cpus and _set(cpus):
+        _local.now = cpus
 
 
 @contextmanager
 def keep_here() -> Iterator[int | None]:
-    """Holds the calling thread on the CPU it runs on for the block (then back on its own
-    mask); yields that CPU, or None when nothing is held (see the module doc)."""
+    """Holds the calling thread on the CPU it runs on for the block, then gives it back the
+    mask it had; yields that CPU, or None when nothing is held (see the module doc)."""
     cpu = current_cpu()
-    if cpu is None or len(_allowed()) < 2 or cpu not in _allowed():
+    if cpu is None:
         yield None
         return
-    _move(frozenset({cpu}))
+    before = frozenset(os.sched_getaffinity(0))
+    if len(before) < 2 or cpu not in before or not _set(frozenset({cpu})):
+        yield None
+        return
     try:
         yield cpu
     finally:
-        _move(_allowed())
+        _set(before)
 
 
 def others(cpu: int | None) -> frozenset[int] | None:
