@@ -102,8 +102,8 @@ def keep_here() -> Iterator[int | None]:
 
 
 def others(cpu: int | None) -> frozenset[int] | None:
-    """The calling thread's allowed CPUs other than ``cpu``; None when there are none (or
-    ``cpu`` is None, or placement is off)."""
+    """The process's CPUs other than ``cpu``; None when there are none (or ``cpu`` is None,
+    or placement is off)."""
     if cpu is None or not ENABLED:
         return None
     rest = _allowed() - {cpu}
@@ -120,7 +120,7 @@ def move(tid: int, cpus: frozenset[int]) -> bool:
 
 
 def away_from(cpu: int | None) -> None:
-    """Moves the calling thread (a lane joining a split) to its allowed CPUs other than
+    """Moves the calling thread (a lane joining a split) to the process's CPUs other than
     ``cpu`` (the caller's); nothing when ``cpu`` is None or no other CPU is allowed."""
     if cpu is None or not ENABLED:
         return
