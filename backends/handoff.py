@@ -36,18 +36,26 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-import platform
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
-from llvmlite import ir
-from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.core import types
 from numba.np.numpy_support import carray as _carray
 
 from backends import kernels, placement
+from backends.intrinsics import X86 as _X86
+from backends.intrinsics import add as _add
+from backends.intrinsics import call as _call
+from backends.intrinsics import cycles as _cycles
+from backends.intrinsics import floats as _floats
+from backends.intrinsics import ints as _ints
+from backends.intrinsics import load as _load
+from backends.intrinsics import pause as _pause
+from backends.intrinsics import sgemm as _sgemm
+from backends.intrinsics import store as _store
+from backends.intrinsics import swap as _swap
 
 BOARD_WORDS = 64
 WORD, DONE, AWAKE, STOP, KIND, COUNT, LANES, TAKEN, YIELD = 0, 8, 16, 24, 32, 33, 34, 56, 60
@@ -70,125 +78,6 @@ steps, short enough that a finished request leaves no core spinning."""
 MAX_HELPERS = 3
 """Helper threads at most (a step's pieces are 0.6-80 MB of weights: four cores read
 them about as fast as more)."""
-
-_X86 = platform.machine().lower() in ("x86_64", "amd64")
-
-
-def _function(builder: Any, signature: Any, name: str) -> Any:
-    """The LLVM function ``name`` (an intrinsic) declared in the module being built."""
-    declare: Any = cgutils.get_or_insert_function
-    return declare(builder.module, signature, name)
-
-
-def _i64_pointer(builder: Any, address: Any) -> Any:
-    return builder.inttoptr(address, ir.IntType(64).as_pointer())
-
-
-def _load_typing(typingctx: Any, address: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.load_atomic(_i64_pointer(builder, args[0]), "seq_cst", 8)
-
-    return types.int64(types.int64), codegen
-
-
-def _store_typing(typingctx: Any, address: Any, value: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        builder.store_atomic(args[1], _i64_pointer(builder, args[0]), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(types.int64, types.int64), codegen
-
-
-def _add_typing(typingctx: Any, address: Any, value: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.atomic_rmw("add", _i64_pointer(builder, args[0]), args[1], "seq_cst")
-
-    return types.int64(types.int64, types.int64), codegen
-
-
-def _swap_typing(typingctx: Any, address: Any, expected: Any, value: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        pointer = _i64_pointer(builder, args[0])
-        pair = builder.cmpxchg(pointer, args[1], args[2], "seq_cst", "seq_cst")
-        return builder.zext(builder.extract_value(pair, 1), ir.IntType(64))
-
-    return types.int64(types.int64, types.int64, types.int64), codegen
-
-
-def _pause_typing(typingctx: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        if _X86:
-            pause = ir.FunctionType(ir.VoidType(), [])
-            builder.call(_function(builder, pause, "llvm.x86.sse2.pause"), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-def _call_typing(typingctx: Any, address: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        function = ir.FunctionType(ir.IntType(32), [])
-        builder.call(builder.inttoptr(args[0], function.as_pointer()), [])
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
-
-
-def _cycles_typing(typingctx: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        counter = ir.FunctionType(ir.IntType(64), [])
-        return builder.call(_function(builder, counter, "llvm.readcyclecounter"), [])
-
-    return types.int64(), codegen
-
-
-def _pointer_typing(typingctx: Any, address: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
-
-    pointer: Any = types.CPointer
-    return pointer(types.float32)(types.int64), codegen
-
-
-def _int_pointer_typing(typingctx: Any, address: Any) -> Any:
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return _i64_pointer(builder, args[0])
-
-    pointer: Any = types.CPointer
-    return pointer(types.int64)(types.int64), codegen
-
-
-def _sgemm_typing(
-    typingctx: Any, address: Any, m: Any, n: Any, k: Any, a: Any, lda: Any, b: Any, ldb: Any,
-    c: Any, ldc: Any,
-) -> Any:  # fmt: skip
-    """``C += A @ B`` (row major, no transposes, alpha = beta = 1) by the ILP64 ``cblas_sgemm``
-    at ``address`` (:data:`backends.piper.blas.ADDRESS`), its matrices given by address."""
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-        ptr = ir.IntType(8).as_pointer()
-        params = [i32, i32, i32, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
-        function = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), params).as_pointer())
-        m, n, k, a, lda, b, ldb, c, ldc = args[1:]
-        one, enum = ir.Constant(f32, 1.0), (ir.Constant(i32, v) for v in (101, 111, 111))
-        pa, pb, pc = (builder.inttoptr(x, ptr) for x in (a, b, c))
-        builder.call(function, [*enum, m, n, k, one, pa, lda, pb, ldb, one, pc, ldc])
-        return context.get_dummy_value()
-
-    return types.void(*([types.int64] * 10)), codegen
-
-
-def _intrinsic(typing: Callable[..., Any]) -> Callable[..., Any]:
-    return cast(Callable[..., Any], intrinsic(typing))
-
-
-_load, _store = _intrinsic(_load_typing), _intrinsic(_store_typing)
-_add, _swap = _intrinsic(_add_typing), _intrinsic(_swap_typing)
-_pause, _cycles = _intrinsic(_pause_typing), _intrinsic(_cycles_typing)
-_floats, _ints = _intrinsic(_pointer_typing), _intrinsic(_int_pointer_typing)
-_sgemm = _intrinsic(_sgemm_typing)
-_call = _intrinsic(_call_typing)
 
 YIELD_EVERY = 1 << 10
 """Spins (``pause``) between two ``sched_yield`` calls of a waiting thread, about 20-50 us:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from backends.base import Array, ArrayBackend
-from backends.piper import host
+from backends.piper import host, resblock_tiles
 from backends.piper.layers import Weights, conv
 from backends.piper.loader import Hyper
 
@@ -87,6 +87,23 @@ def prepare_generator(
     return out, ups
 
 
+def prepare_stages(
+    convs: Mapping[str, host.ConvWeights], h: Hyper
+) -> dict[int, resblock_tiles.Packed | None]:
+    """Each stage's ResBlock2s packed for the compiled tiles (:func:`resblock_tiles.pack`;
+    None where they do not apply), by stage index; empty for other resblocks."""
+    if not all(len(dil) == 2 for dil in h.resblock_dilations):
+        return {}
+    n_k = len(h.resblock_kernels)
+    stages: dict[int, resblock_tiles.Packed | None] = {}
+    for i in range(len(h.upsample_rates)):
+        names = [f"dec.resblocks.{i * n_k + j}" for j in range(n_k)]
+        stages[i] = resblock_tiles.pack(
+            [(convs[f"{p}.convs.0"], convs[f"{p}.convs.1"]) for p in names]
+        )
+    return stages
+
+
 def generate_host(
     prepared: host.Prepared, h: Hyper, z: np.ndarray, gaps: host.Gaps = ()
 ) -> np.ndarray:
@@ -112,7 +129,8 @@ def generate_host(
         names = [f"dec.resblocks.{i * n_k + j}" for j in range(n_k)]
         if all(len(dil) == 2 for dil in h.resblock_dilations):  # Piper's ResBlock2
             blocks = [(prep[f"{p}.convs.0"], prep[f"{p}.convs.1"]) for p in names]
-            host.resblocks(x, blocks, acc, slope=_SLOPE, post_slope=post, gaps=at)
+            packed = prepared.stages.get(i)
+            host.resblocks(x, blocks, acc, slope=_SLOPE, post_slope=post, gaps=at, packed=packed)
         else:
             _resblocks_by_conv(prep, h, names, x, acc, post, at)
         x = acc

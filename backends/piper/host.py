@@ -40,7 +40,7 @@ from numpy.lib.stride_tricks import as_strided
 from backends import kernels, parallel
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
-from backends.piper import blas, winograd
+from backends.piper import blas, resblock_tiles, winograd
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
@@ -295,6 +295,7 @@ def resblocks(
     slope: float,
     post_slope: float,
     gaps: Gaps = (),
+    packed: resblock_tiles.Packed | None = None,
 ) -> None:
     """A HiFi-GAN stage's ResBlock2s, depth first: ``out = leaky(mean_j block_j(x), post_slope)``
     with ``block(x) = y + conv2(leaky(y))``, ``y = x + conv1(leaky(x))``.
@@ -305,8 +306,10 @@ def resblocks(
     ``[0, T)`` and in ``gaps`` (``conv2``'s zero padding, a packed batch's masking);
     the output tile gets ``y`` (plus every ``conv2``'s bias) and then ``conv2``'s taps
     added into it. Every intermediate stays in cache and ``x`` is read once per tile
-    (the halo of ``y``, a few columns, is computed twice). Without numpy's BLAS, the
-    same per tile with im2col GEMMs. ``out`` must not overlap ``x``.
+    (the halo of ``y``, a few columns, is computed twice). With ``packed`` (``blocks``
+    as :func:`resblock_tiles.pack` made them) each core runs its tiles in one compiled
+    call, without the GIL (:mod:`backends.piper.resblock_tiles`: the same bits). Without
+    numpy's BLAS, the same per tile with im2col GEMMs. ``out`` must not overlap ``x``.
     """
     if not use_taps():
         _resblocks_im2col(x, blocks, out, slope=slope, post_slope=post_slope, gaps=gaps)
@@ -314,11 +317,26 @@ def resblocks(
     zero_gaps(x, gaps)
     c, t = x.shape
     tile = _tile_columns(t, c)
+    if packed is not None and USE_COMPILED_TILES:
+        at = np.array(gaps, np.int64).reshape(-1, 2)
+        counter = np.zeros(1, np.int64)
+
+        def lane() -> None:
+            buffers = resblock_tiles.scratch(packed, tile, t)
+            resblock_tiles.run(x, packed, out, slope, post_slope, at, tile, counter, buffers)
+
+        _on_lanes(lane, -(-t // tile))
+        return
 
     def piece(run: Iterator[int]) -> None:
         _resblock_tiles(x, blocks, out, slope, post_slope, gaps, tile, run)
 
     split(piece, range(0, t, tile))
+
+
+USE_COMPILED_TILES = True
+"""Run a stage's ResBlock2s in compiled tiles where they were packed (:func:`resblocks`);
+False: tile by tile from Python (for comparisons)."""
 
 
 def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
@@ -330,12 +348,22 @@ def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
     others (OpenBLAS's threads split a product statically and wait for the slowest).
     A tile computes the same bits whichever core takes it: the result does not depend
     on the share or on the order."""
-    n = max(1, min(parallel.SHARE.share(), len(starts)))
-    if n == 1:
+    if min(parallel.SHARE.share(), len(starts)) <= 1:
         piece(iter(starts))
         return
     queue = _Tiles(starts)
-    parallel.run_pieces(piece, [queue] * n)
+    _on_lanes(lambda: piece(queue), len(starts))
+
+
+def _on_lanes(lane: Callable[[], None], tiles: int) -> None:
+    """``lane()`` on each of up to ``tiles`` cores of the caller's share (one BLAS thread
+    each; once, on the caller, with a share of one): every call takes tiles from one
+    shared queue until none is left (:func:`split`)."""
+    n = max(1, min(parallel.SHARE.share(), tiles))
+    if n == 1:
+        lane()
+        return
+    parallel.run_pieces(lambda _: lane(), [None] * n)
 
 
 class _Tiles:
@@ -484,6 +512,7 @@ def _resblocks_im2col(
     slope: float,
     post_slope: float,
     gaps: Gaps = (),
+    packed: resblock_tiles.Packed | None = None,
 ) -> None:
     """A HiFi-GAN stage's ResBlock2s, depth first: ``out = leaky(mean_j block_j(x), post_slope)``
     with ``block(x) = y + conv2(leaky(y))``, ``y = x + conv1(leaky(x))``.
@@ -728,3 +757,6 @@ class Prepared:
 
     convs: Mapping[str, ConvWeights]
     ups: Mapping[str, UpWeights]
+    stages: Mapping[int, resblock_tiles.Packed | None] = attrs.field(factory=dict)
+    """The generator's ResBlock2 stages packed for the compiled tiles, by stage index
+    (:func:`backends.piper.generator.prepare_stages`)."""

@@ -18,7 +18,13 @@ from backends.piper import host
 from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
 from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_flow
-from backends.piper.generator import PACK_GAP, generate, generate_host, prepare_generator
+from backends.piper.generator import (
+    PACK_GAP,
+    generate,
+    generate_host,
+    prepare_generator,
+    prepare_stages,
+)
 from backends.piper.loader import Hyper, VoiceConfig
 from backends.piper.text_encoder import encode, encode_host, prepare_encoder
 
@@ -75,7 +81,8 @@ class PiperModel:
             return None
         w, h = self.weights, self.hyper
         convs, ups = prepare_generator(w, h)
-        return host.Prepared({**prepare_encoder(w, h), **prepare_flow(w, h), **convs}, ups)
+        convs_all = {**prepare_encoder(w, h), **prepare_flow(w, h), **convs}
+        return host.Prepared(convs_all, ups, prepare_stages(convs, h))
 
     def synthesize_ids(
         self,
