@@ -8,7 +8,7 @@ import numpy as np
 
 from backends import kernels, parallel
 from backends.base import Array, ArrayBackend
-from backends.piper import blas, host
+from backends.piper import blas, coupling_tiles, host
 from backends.piper.layers import Weights, conv, split_channels
 from backends.piper.loader import Hyper
 
@@ -63,23 +63,34 @@ def prepare_flow(w: Weights, h: Hyper) -> dict[str, host.ConvWeights]:
 
 
 def flow_reverse_host(
-    prep: Mapping[str, host.ConvWeights], h: Hyper, z: np.ndarray, gaps: host.Gaps = ()
+    prep: Mapping[str, host.ConvWeights],
+    h: Hyper,
+    z: np.ndarray,
+    gaps: host.Gaps = (),
+    packed: Mapping[str, coupling_tiles.Packed | None] | None = None,
 ) -> np.ndarray:
     """:func:`flow_reverse` on host arrays with fused convs: z_p [C, T'] -> z [C, T'].
 
     ``z`` may be a packed batch (``gaps`` zeroed before every conv, see
     :func:`backends.piper.host.zero_gaps`); gap columns of the result are garbage.
     On one core the couplings run conv by conv; on several, each coupling runs depth
-    first in column tiles over the cores (:func:`_coupling_tile`).
+    first in column tiles over the cores (:func:`_coupling_tile`). A coupling in
+    ``packed`` (:func:`prepare_couplings`) runs in compiled tiles instead, one call per
+    core without the GIL (:mod:`backends.piper.coupling_tiles`): the same tiles on several
+    cores, one tile as wide as ``z`` on one.
     """
     half = h.inter // 2
     tile = _coupling_tile(z.shape[1])
+    at = np.array(gaps, np.int64).reshape(-1, 2)
     for i in reversed(range(0, 2 * h.flow_layers, 2)):
         z = z[::-1]  # Flip (a view; the coupling writes a new array)
         p = f"flow.flows.{i}"
         x0 = z[:half]
         out = np.empty((h.inter, z.shape[1]), np.float32)
-        if tile is None:
+        compiled = (packed or {}).get(p) if USE_COMPILED_TILES and host.use_taps() else None
+        if compiled is not None:
+            _compiled_coupling(compiled, np.ascontiguousarray(z), out, at, tile)
+        elif tile is None:
             hh = _conv_host(x0, prep[f"{p}.pre"], gaps)
             m = _conv_host(_wavenet_host(prep, h, f"{p}.enc", hh, gaps), prep[f"{p}.post"], gaps)
             out[:half] = x0
@@ -90,6 +101,41 @@ def flow_reverse_host(
             )
         z = out
     return np.ascontiguousarray(z)
+
+
+USE_COMPILED_TILES = True
+"""Run the couplings :func:`prepare_couplings` packed in compiled tiles (False: from
+Python, for comparisons)."""
+
+
+def prepare_couplings(
+    prep: Mapping[str, host.ConvWeights], h: Hyper
+) -> dict[str, coupling_tiles.Packed | None]:
+    """Every coupling's convs packed for the compiled tiles (None where they do not apply),
+    by the coupling's module name."""
+    return {
+        f"flow.flows.{i}": coupling_tiles.pack(prep, f"flow.flows.{i}", h.flow_wn_layers)
+        for i in range(0, 2 * h.flow_layers, 2)
+    }
+
+
+def _compiled_coupling(
+    packed: coupling_tiles.Packed,
+    z: np.ndarray,
+    out: np.ndarray,
+    gaps: np.ndarray,
+    tile: int | None,
+) -> None:
+    """One coupling in compiled tiles: ``tile`` columns on the caller's cores, or (None: one
+    core) one tile over all of ``z``."""
+    t = z.shape[1]
+    width = t if tile is None else tile
+    counter = np.zeros(1, np.int64)
+
+    def lane() -> None:
+        coupling_tiles.run(z, packed, out, gaps, width, counter)
+
+    host.on_lanes(lane, -(-t // width))
 
 
 COUPLING_TILE = 128

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -41,6 +42,9 @@ from backends import kernels, parallel
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
 from backends.piper import blas, resblock_tiles, winograd
+
+if TYPE_CHECKING:
+    from backends.piper import coupling_tiles
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
@@ -325,7 +329,7 @@ def resblocks(
             buffers = resblock_tiles.scratch(packed, tile, t)
             resblock_tiles.run(x, packed, out, slope, post_slope, at, tile, counter, buffers)
 
-        _on_lanes(lane, -(-t // tile))
+        on_lanes(lane, -(-t // tile))
         return
 
     def piece(run: Iterator[int]) -> None:
@@ -352,10 +356,10 @@ def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
         piece(iter(starts))
         return
     queue = _Tiles(starts)
-    _on_lanes(lambda: piece(queue), len(starts))
+    on_lanes(lambda: piece(queue), len(starts))
 
 
-def _on_lanes(lane: Callable[[], None], tiles: int) -> None:
+def on_lanes(lane: Callable[[], None], tiles: int) -> None:
     """``lane()`` on each of up to ``tiles`` cores of the caller's share (one BLAS thread
     each; once, on the caller, with a share of one): every call takes tiles from one
     shared queue until none is left (:func:`split`)."""
@@ -760,3 +764,6 @@ class Prepared:
     stages: Mapping[int, resblock_tiles.Packed | None] = attrs.field(factory=dict)
     """The generator's ResBlock2 stages packed for the compiled tiles, by stage index
     (:func:`backends.piper.generator.prepare_stages`)."""
+    couplings: Mapping[str, coupling_tiles.Packed | None] = attrs.field(factory=dict)
+    """The flow's couplings packed for the compiled tiles, by module name
+    (:func:`backends.piper.flow.prepare_couplings`)."""

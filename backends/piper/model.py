@@ -17,7 +17,7 @@ from backends.base import Array, ArrayBackend
 from backends.piper import host
 from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
-from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_flow
+from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_couplings, prepare_flow
 from backends.piper.generator import (
     PACK_GAP,
     generate,
@@ -82,7 +82,8 @@ class PiperModel:
         w, h = self.weights, self.hyper
         convs, ups = prepare_generator(w, h)
         convs_all = {**prepare_encoder(w, h), **prepare_flow(w, h), **convs}
-        return host.Prepared(convs_all, ups, prepare_stages(convs, h))
+        couplings = prepare_couplings(convs_all, h)
+        return host.Prepared(convs_all, ups, prepare_stages(convs, h), couplings)
 
     def synthesize_ids(
         self,
@@ -216,7 +217,8 @@ class PiperModel:
 
     def _flow_host(self, z_p: np.ndarray, gaps: host.Gaps) -> np.ndarray:
         assert self.prepared is not None
-        return flow_reverse_host(self.prepared.convs, self.hyper, z_p, gaps)
+        prepared = self.prepared
+        return flow_reverse_host(prepared.convs, self.hyper, z_p, gaps, prepared.couplings)
 
     def decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
         """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""

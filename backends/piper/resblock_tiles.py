@@ -161,7 +161,7 @@ def _c_float32(a: np.ndarray) -> bool:
 
 
 @kernels.compiled
-def _leaky_row(src: Any, dst: Any, slope: Any) -> None:  # pragma: no cover - compiled
+def leaky_row(src: Any, dst: Any, slope: Any) -> None:  # pragma: no cover - compiled
     """``dst = leaky(src)`` for two rows of one length (:func:`kernels.leaky_rows`' formula)."""
     for i in range(src.shape[0]):
         v = src[i]
@@ -169,21 +169,21 @@ def _leaky_row(src: Any, dst: Any, slope: Any) -> None:  # pragma: no cover - co
 
 
 @kernels.compiled
-def _add_row(src: Any, value: Any, dst: Any) -> None:  # pragma: no cover - compiled
+def add_row(src: Any, value: Any, dst: Any) -> None:  # pragma: no cover - compiled
     """``dst = src + value`` for two rows of one length."""
     for i in range(src.shape[0]):
         dst[i] = src[i] + value
 
 
 @kernels.compiled
-def _accumulate_row(src: Any, dst: Any) -> None:  # pragma: no cover - compiled
+def accumulate_row(src: Any, dst: Any) -> None:  # pragma: no cover - compiled
     """``dst += src`` for two rows of one length."""
     for i in range(src.shape[0]):
         dst[i] += src[i]
 
 
 @kernels.compiled
-def _scale_leaky_row(row: Any, scale: Any, slope: Any) -> None:  # pragma: no cover - compiled
+def scaleleaky_row(row: Any, scale: Any, slope: Any) -> None:  # pragma: no cover - compiled
     """``row = leaky(row * scale)`` in place (:func:`kernels.leaky_rows_in_place`' formula
     after numpy's ``row *= scale``). Each of these row loops runs from 0 over a row slice:
     LLVM left the same loop over an offset range of a whole row scalar (8x slower)."""
@@ -205,13 +205,13 @@ def _activate(x: Any, lo: Any, slope: Any, dst: Any, w: Any) -> None:  # pragma:
         for i in range(a0):
             row[i] = _ZERO
         if a1 > a0:
-            _leaky_row(x[r, lo + a0 : lo + a1], row[a0:a1], slope)
+            leaky_row(x[r, lo + a0 : lo + a1], row[a0:a1], slope)
         for i in range(max(a1, a0), w):
             row[i] = _ZERO
 
 
 @kernels.compiled
-def _zero_outside(y: Any, w: Any, lo: Any, t: Any, gaps: Any) -> None:  # pragma: no cover
+def zero_outside(y: Any, w: Any, lo: Any, t: Any, gaps: Any) -> None:  # pragma: no cover
     """Zero ``y``'s first ``w`` columns (global columns ``lo`` on) outside ``[0, t)`` and in
     ``gaps`` (:func:`backends.piper.host.zero_outside`)."""
     for r in range(y.shape[0]):
@@ -303,16 +303,16 @@ def _tiles(
             e0, e1 = t0 - p2, t0 + n + p2  # y's columns, [e0, e1)
             v0, v1 = max(e0, 0), min(e1, t)  # those inside [0, T)
             for r in range(c):
-                _add_row(x[r, v0:v1], bias1[j, r], y[r, v0 - e0 : v1 - e0])
+                add_row(x[r, v0:v1], bias1[j, r], y[r, v0 - e0 : v1 - e0])
             _taps(sgemm, taps, o1, k1, d1, xa, v0 - p1 - (t0 - halo), y, v0 - e0, v1 - v0)
-            _zero_outside(y, e1 - e0, e0, t, gaps)
+            zero_outside(y, e1 - e0, e0, t, gaps)
             for r in range(c):
                 if j == 0:
-                    _add_row(y[r, p2 : p2 + n], bias2[r], out[r, t0 : t0 + n])
+                    add_row(y[r, p2 : p2 + n], bias2[r], out[r, t0 : t0 + n])
                 else:
-                    _accumulate_row(y[r, p2 : p2 + n], out[r, t0 : t0 + n])
-                _leaky_row(y[r, : e1 - e0], ya[r, : e1 - e0], slope)
+                    accumulate_row(y[r, p2 : p2 + n], out[r, t0 : t0 + n])
+                leaky_row(y[r, : e1 - e0], ya[r, : e1 - e0], slope)
             _taps(sgemm, taps, o2, k2, d2, ya, 0, out, t0, n)
         for r in range(c):
-            _scale_leaky_row(out[r, t0 : t0 + n], scale, post)
+            scaleleaky_row(out[r, t0 : t0 + n], scale, post)
         done += 1

@@ -1,0 +1,302 @@
+"""A flow coupling's tiles as one compiled loop: the WaveNet coupling net without the GIL.
+
+:class:`backends.piper.flow._CouplingTiles` runs a coupling (reverse, mean-only) depth
+first over column tiles: per tile the pre conv, four gated layers (a Winograd ``F(4, 5)``
+in-layer conv, the gate, a 1x1 res/skip conv, two adds) and the post conv, each a
+numpy, numba or ``ctypes`` call from Python that takes and gives back the GIL: about
+forty a tile. Two cores sharing one request's tiles waited on each other's hand-overs
+(the flow of a short sentence took 10.5 ms on two cores against 11.7 on one), and two
+requests on two slots lose time to the same hand-overs.
+
+Here the same steps run in one numba function (``nogil``) per core: tiles are claimed
+from a shared counter (an atomic add), the Winograd transforms are the generated
+kernels of :mod:`backends.piper.winograd_kernels`, every product (the transform's
+points, the 1x1 convs) is the BLAS's ``cblas_sgemm`` by its address, with the operands
+and order of the Python path, so each tile is the same bits
+(``tests/models/test_piper_coupling_tiles.py``). On one core the coupling is one tile
+as wide as the input, so it has no halo to compute twice.
+
+Only for couplings whose in-layers have ``F(4, 5)`` filters and whose other convs are
+1x1 (:func:`pack` returns None otherwise, and where numpy's BLAS takes 32-bit integers);
+the caller checks every operand (:func:`run`): the compiled loop has no bounds checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+from numba.core import types
+
+from backends import kernels
+from backends.intrinsics import add as _atomic_add
+from backends.intrinsics import sgemm as _sgemm
+from backends.piper import blas, host
+from backends.piper.resblock_tiles import accumulate_row, zero_outside
+from backends.piper.winograd_kernels import input_4_5, output_4_5
+
+M, R = 4, 5
+"""The Winograd transform the in-layers must have: ``F(4, 5)``."""
+POINTS = M + R - 1
+
+
+@attrs.frozen(eq=False)
+class Packed:
+    """One coupling's weights as the compiled loop's operands (built once per model): the
+    pre and post 1x1 convs, each layer's in-layer filters ``[POINTS, 2C, C]`` and bias, and
+    its res/skip 1x1 conv (``2C`` rows, ``C`` for the last layer) and bias."""
+
+    pre_w: np.ndarray
+    pre_b: np.ndarray
+    in_u: np.ndarray
+    in_b: np.ndarray
+    rs_w: np.ndarray
+    rs_b: np.ndarray
+    post_w: np.ndarray
+    post_b: np.ndarray
+
+    @property
+    def hidden(self) -> int:
+        return int(self.pre_w.shape[0])
+
+    @property
+    def half(self) -> int:
+        return int(self.pre_w.shape[1])
+
+    @property
+    def halo(self) -> int:
+        """Columns each side of a tile its layers read beyond it."""
+        return int(self.in_u.shape[0]) * (R - 1) // 2
+
+
+def pack(prep: Mapping[str, host.ConvWeights], p: str, layers: int) -> Packed | None:
+    """Coupling ``p``'s convs packed for :func:`run`, or None where it does not apply."""
+    if not blas.ADDRESS or layers < 1:
+        return None
+    pre, post = prep[f"{p}.pre"], prep[f"{p}.post"]
+    ins = [prep[f"{p}.enc.in_layers.{j}"] for j in range(layers)]
+    rss = [prep[f"{p}.enc.res_skip_layers.{j}"] for j in range(layers)]
+    c, half = pre.c_out, int(pre.taps.shape[2])
+    square = all(cw.taps.shape[2] == c for cw in (post, *rss))
+    if (
+        not square
+        or any(cw.kernel != 1 for cw in (pre, post, *rss))
+        or post.c_out != half
+        or any(rs.c_out != (2 * c if j < layers - 1 else c) for j, rs in enumerate(rss))
+        or any(
+            cw.winograd is None
+            or (cw.winograd.transform.m, cw.winograd.transform.r) != (M, R)
+            or cw.winograd.u.shape != (POINTS, 2 * c, c)
+            for cw in ins
+        )
+    ):
+        return None
+    rs_w = np.zeros((layers, 2 * c, c), np.float32)
+    rs_b = np.zeros((layers, 2 * c), np.float32)
+    for j, rs in enumerate(rss):
+        rs_w[j, : rs.c_out] = rs.taps[0]
+        rs_b[j, : rs.c_out] = rs.bias.reshape(-1)
+    arrays = {
+        "pre_w": np.ascontiguousarray(pre.taps[0]),
+        "pre_b": pre.bias.reshape(-1).copy(),
+        "in_u": np.stack([cw.winograd.u for cw in ins if cw.winograd is not None]),
+        "in_b": np.stack([cw.bias.reshape(-1) for cw in ins]),
+        "rs_w": rs_w,
+        "rs_b": rs_b,
+        "post_w": np.ascontiguousarray(post.taps[0]),
+        "post_b": post.bias.reshape(-1).copy(),
+    }
+    for a in arrays.values():
+        a.setflags(write=False)
+    return Packed(**arrays)
+
+
+def run(
+    z: np.ndarray, packed: Packed, out: np.ndarray, gaps: np.ndarray, tile: int, counter: np.ndarray
+) -> int:
+    """The coupling's output tiles claimed from ``counter`` (int64 [1], shared by the cores:
+    the next tile's index) until none is left, with this call's own buffers; returns how
+    many it ran. ``z`` and ``out [2 half, T]`` C-contiguous float32, not overlapping;
+    ``out[:half] = z[:half]``, ``out[half:] = z[half:] - post(WN(pre(z[:half])))``;
+    ``gaps`` int64 [g, 2] column ranges inside ``[0, T)`` (ValueError for anything else)."""
+    half, c = packed.half, packed.hidden
+    t = z.shape[1]
+    if (
+        z.dtype != np.float32
+        or out.dtype != np.float32
+        or z.shape != (2 * half, t)
+        or out.shape != z.shape
+        or not (z.flags.c_contiguous and out.flags.c_contiguous)
+        or tile < 1
+        or t < 1
+        or counter.dtype != np.int64
+        or counter.shape != (1,)
+        or gaps.dtype != np.int64
+        or gaps.ndim != 2
+        or gaps.shape[1] != 2
+        or any(not 0 <= g0 <= g1 <= t for g0, g1 in gaps.tolist())
+    ):
+        raise ValueError("coupling_tiles.run: operands of the wrong shape, dtype or layout")
+    if np.may_share_memory(z, out):
+        raise ValueError("coupling_tiles.run: out overlaps z")
+    width = min(tile, t) + 2 * packed.halo
+    blocks = -(-(width - (R - 1)) // M)
+    buffers = (
+        np.empty((half, width), np.float32),  # z[:half] over the tile and its halo
+        np.empty((c, width), np.float32),  # the WaveNet's residual stream
+        np.empty((2 * c, width), np.float32),  # an in-layer's output
+        np.empty((2 * c, width), np.float32),  # a res/skip conv's output
+        np.empty((c, width), np.float32),  # the skip sum
+        np.empty((half, width), np.float32),  # the post conv's output
+        np.empty(POINTS * c * blocks, np.float32),  # the transformed inputs
+        np.empty(POINTS * 2 * c * blocks, np.float32),  # the products
+        np.empty(M * (blocks + (POINTS - 1) // M), np.float32),  # the transforms' phases
+    )
+    return int(
+        _tiles(
+            z, out, packed.pre_w, packed.pre_b, packed.in_u, packed.in_b, packed.rs_w,
+            packed.rs_b, packed.post_w, packed.post_b, gaps, tile, counter, *buffers,
+            blas.ADDRESS,
+        )
+    )  # fmt: skip
+
+
+@kernels.compiled
+def _address(a: Any) -> Any:  # pragma: no cover - compiled
+    return np.int64(a.ctypes.data)
+
+
+@kernels.compiled
+def _pointwise(
+    sgemm: Any, w: Any, b: Any, rows: Any, src: Any, col: Any, dst: Any, dcol: Any, n: Any
+) -> None:  # pragma: no cover - compiled
+    """``dst[:rows, dcol : dcol + n] = b[:rows] + w[:rows] @ src[:, col : col + n]`` (a 1x1
+    conv: the bias written, then one SGEMM adding into it)."""
+    for r in range(rows):
+        value = b[r]
+        row = dst[r, dcol : dcol + n]
+        for i in range(n):
+            row[i] = value
+    a, lds, ldd = _address(w), src.shape[1], dst.shape[1]
+    p_src, p_dst = _address(src) + 4 * col, _address(dst) + 4 * dcol
+    _sgemm(sgemm, rows, n, w.shape[1], a, w.shape[1], p_src, lds, p_dst, ldd)
+
+
+@kernels.compiled
+def _winograd(
+    sgemm: Any,
+    u: Any,
+    src: Any,
+    w: Any,
+    dst: Any,
+    col: Any,
+    n: Any,
+    vbuf: Any,
+    pbuf: Any,
+    phases: Any,
+) -> None:  # pragma: no cover - compiled
+    """``dst[:, col : col + n] += conv(src[:, :w])`` by ``F(4, 5)``
+    (:func:`backends.piper.winograd.conv_add` with ``start`` 0)."""
+    c_out, c_in = u.shape[1], u.shape[2]
+    blocks = (n + M - 1) // M
+    v = vbuf[: POINTS * c_in * blocks].reshape((POINTS, c_in, blocks))
+    ph = phases[: M * (blocks + (POINTS - 1) // M)].reshape((M, blocks + (POINTS - 1) // M))
+    input_4_5(src.reshape(-1), src.shape[1], 0, n + R - 1, v, ph)
+    products = pbuf[: POINTS * c_out * blocks].reshape((POINTS, c_out, blocks))
+    products[...] = 0
+    for i in range(POINTS):
+        _sgemm(
+            sgemm, c_out, blocks, c_in, _address(u[i]), c_in, _address(v[i]), blocks,
+            _address(products[i]), blocks,
+        )  # fmt: skip
+    flat = dst.reshape(-1)[col:]
+    output_4_5(products, flat, dst.shape[1], n, ph)
+
+
+_IN1, _IN2, _IN3 = (kernels.array_type(n, readonly=True) for n in (1, 2, 3))
+_IN4 = kernels.array_type(4, readonly=True)
+_OUT1, _OUT2 = kernels.array_type(1), kernels.array_type(2)
+_GAPS = kernels.array_type(2, types.int64, readonly=True)
+_COUNTER = kernels.array_type(1, types.int64)
+_I64 = types.int64
+_SIGNATURE = types.int64(
+    _IN2, _OUT2, _IN2, _IN1, _IN4, _IN2, _IN3, _IN2, _IN2, _IN1, _GAPS, _I64, _COUNTER,
+    _OUT2, _OUT2, _OUT2, _OUT2, _OUT2, _OUT2, _OUT1, _OUT1, _OUT1, _I64,
+)  # fmt: skip
+
+
+@kernels.kernel(_SIGNATURE)
+def _tiles(
+    z: Any,
+    out: Any,
+    pre_w: Any,
+    pre_b: Any,
+    in_u: Any,
+    in_b: Any,
+    rs_w: Any,
+    rs_b: Any,
+    post_w: Any,
+    post_b: Any,
+    gaps: Any,
+    tile: Any,
+    counter: Any,
+    x0: Any,
+    x: Any,
+    x_in: Any,
+    rs: Any,
+    skip: Any,
+    m: Any,
+    vbuf: Any,
+    pbuf: Any,
+    phases: Any,
+    sgemm: Any,
+) -> Any:  # pragma: no cover - compiled
+    """:func:`run`'s loop: the steps of :meth:`backends.piper.flow._CouplingTiles.run`."""
+    half, t = pre_w.shape[1], z.shape[1]
+    c, layers = pre_w.shape[0], in_u.shape[0]
+    halo = layers * (R - 1) // 2
+    pad = (R - 1) // 2
+    tiles = (t + tile - 1) // tile
+    done = 0
+    while True:
+        i = _atomic_add(_address(counter), 1)
+        if i >= tiles:
+            return done
+        t0 = i * tile
+        n = min(tile, t - t0)
+        w, e0 = n + 2 * halo, t0 - halo
+        for r in range(half):  # z[:half] over the tile and its halo, zero outside [0, T)
+            row = x0[r, :w]
+            for q in range(w):
+                at = e0 + q
+                row[q] = z[r, at] if 0 <= at < t else np.float32(0.0)
+        _pointwise(sgemm, pre_w, pre_b, c, x0, 0, x, 0, w)
+        skip[:, :w] = 0
+        for j in range(layers):
+            zero_outside(x, w, e0, t, gaps)
+            for r in range(2 * c):
+                value = in_b[j, r]
+                row = x_in[r, pad : w - pad]
+                for q in range(w - 2 * pad):
+                    row[q] = value
+            _winograd(sgemm, in_u[j], x, w, x_in, pad, w - 2 * pad, vbuf, pbuf, phases)
+            flat = x_in.reshape(-1)
+            ld = x_in.shape[1]
+            kernels.gate_rows(flat[pad:], ld, flat[c * ld + pad :], ld, c, w - 2 * pad)
+            rows = 2 * c if j < layers - 1 else c
+            _pointwise(sgemm, rs_w[j], rs_b[j], rows, x_in[:c], pad, rs, pad, w - 2 * pad)
+            for r in range(c):
+                if j < layers - 1:
+                    accumulate_row(rs[r, pad : w - pad], x[r, pad : w - pad])
+                    accumulate_row(rs[c + r, pad : w - pad], skip[r, pad : w - pad])
+                else:
+                    accumulate_row(rs[r, pad : w - pad], skip[r, pad : w - pad])
+        _pointwise(sgemm, post_w, post_b, half, skip, halo, m, 0, n)
+        for r in range(half):
+            out[r, t0 : t0 + n] = z[r, t0 : t0 + n]
+            zr, mr, orow = z[half + r, t0 : t0 + n], m[r, :n], out[half + r, t0 : t0 + n]
+            for q in range(n):
+                orow[q] = zr[q] - mr[q]
+        done += 1
