@@ -442,19 +442,22 @@ class Helpers:
             self._holder.release()
 
     def _place(self, helpers: int) -> None:
-        """Moves this job's helpers off the master's CPU where one is on it
-        (:mod:`backends.placement`: a helper woken after a long sleep may otherwise be put on
-        the master's core and spin there while another core idles). A helper stays where it
-        was put until a master runs on its CPUs, so this costs a system call only then."""
+        """Moves this job's helpers onto the master's allowed CPUs other than its own where
+        they were last put elsewhere (:mod:`backends.placement`: a helper woken after a long
+        sleep may otherwise be put on the master's core and spin there while another core
+        idles). A helper stays where it was put until a master runs on its CPUs or the
+        allowed CPUs change, so this costs a system call only then."""
         others = placement.others(placement.current_cpu())
         if others is None:
             return
-        for index in range(helpers):
-            pinned = self._pinned[index]
-            if pinned is None or not pinned <= others:
-                tid = self._threads[index].native_id
-                if tid is not None and placement.move(tid, others):
-                    self._pinned[index] = others
+        with self._lock:  # close() may empty the lists meanwhile
+            found = list(zip(self._threads[:helpers], self._pinned[:helpers], strict=True))
+        for index, (thread, pinned) in enumerate(found):
+            tid = thread.native_id
+            if pinned != others and tid is not None and placement.move(tid, others):
+                with self._lock:
+                    if index < len(self._threads) and self._threads[index] is thread:
+                        self._pinned[index] = others
 
     def _start(self, helpers: int) -> int:
         """Starts helpers up to ``helpers``; returns how many there are for this job."""

@@ -156,8 +156,8 @@ class CoreShare:
         try:
             pool = self._workers()
             queue = _Queue(self._as_piece(piece), items)
-            with placement.keep_here() as cpu:  # the lanes go to the other cores
-                futures = [pool.submit(queue.lane, cpu) for _ in range(workers - 1)]
+            with placement.keep_here() as elsewhere:  # the lanes go to the other cores
+                futures = [pool.submit(queue.lane, elsewhere) for _ in range(workers - 1)]
                 try:
                     queue.lane()
                 finally:
@@ -259,11 +259,11 @@ class _Queue(Generic[T]):
             self._next += 1
             return self._next - 1
 
-    def lane(self, away_from: int | None = None) -> None:
+    def lane(self, cpus: frozenset[int] | None = None) -> None:
         """Runs pieces until the queue is empty or a piece failed (recorded in :attr:`error`);
-        a worker's lane first moves off the caller's CPU ``away_from``
-        (:func:`backends.placement.away_from`)."""
-        placement.away_from(away_from)
+        a worker's lane first moves onto ``cpus``, the CPUs other than the held caller's
+        (:func:`backends.placement.move_to`)."""
+        placement.move_to(cpus)
         while (i := self._take()) is not None:
             try:
                 self._piece(self._items[i])

@@ -11,17 +11,21 @@ idle, as long as at one thread (70.7-71.7), with every thread free to run anywhe
 the caller held on its core and the other threads on the other one, 54-57 ms either way.
 
 So while a split runs, :func:`keep_here` holds the caller on the core it is on, and each
-lane that joins it moves itself to the other cores of its allowed set (:func:`away_from`).
-Which thread computes which piece never changes a result. A lane moves within the
-process's CPU mask (what an operator set with ``taskset``, say), read when this module
-loads; the caller gets back the mask it had. Where the process has one CPU, or the
-platform has no ``sched_getcpu`` and ``sched_setaffinity`` (not Linux), nothing moves.
-``VOXPOOL_PLACEMENT=0`` turns it off.
+lane that joins it moves itself to the caller's other allowed CPUs (:func:`move_to`).
+Which thread computes which piece never changes a result. The CPUs allowed are the
+caller's own mask at the time of the split (what an operator set with ``taskset``, even
+on a running server; a thread created while its creator is held inherits one CPU, so
+lanes are told the set rather than reading their own), and the caller gets back the mask
+it had. Where the process has one CPU, or the platform has no ``sched_getcpu`` and
+``sched_setaffinity`` (not Linux), nothing moves; where the system refuses the call
+(``EPERM`` under a seccomp filter, ``ENOSYS``), placement turns itself off at the first
+refusal. ``VOXPOOL_PLACEMENT=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -48,82 +52,93 @@ ENABLED = (
 )
 """Whether splits place their threads (Linux, unless ``VOXPOOL_PLACEMENT=0``)."""
 
-_local = threading.local()  # .now: the CPUs the thread was last moved onto
-_PROCESS = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
-"""The CPUs the process may run on, read when this module loads (a thread created while its
-creator is held on one CPU inherits that one CPU: its own mask says nothing then)."""
+_local = threading.local()  # .now: the CPUs it was last moved onto; .held_from: see allowed()
+_REFUSED = frozenset({errno.EPERM, errno.EACCES, errno.ENOSYS})
+_denied = False  # the system refused a call: placement is off from then on
+
+
+def enabled() -> bool:
+    """Whether splits place their threads now (:data:`ENABLED`, and no call refused yet)."""
+    return ENABLED and not _denied
 
 
 def current_cpu() -> int | None:
     """The CPU the calling thread runs on now, or None where it cannot be told."""
-    if not ENABLED or _GETCPU is None:
+    if not enabled() or _GETCPU is None:
         return None
     cpu = int(_GETCPU())
     return cpu if cpu >= 0 else None
 
 
-def _allowed() -> frozenset[int]:
-    return _PROCESS
+def allowed() -> frozenset[int]:
+    """The CPUs the calling thread may run on: its mask, or while :func:`keep_here` holds it,
+    the mask it had before."""
+    held: frozenset[int] | None = getattr(_local, "held_from", None)
+    return held if held is not None else frozenset(os.sched_getaffinity(0))
 
 
-def _set(cpus: frozenset[int]) -> bool:
-    """The calling thread onto ``cpus``; False where that failed (a CPU gone offline, a
-    cpuset changed: it stays where it was)."""
-    _local.now = None
+def _affinity(tid: int, cpus: frozenset[int]) -> bool:
+    """Thread ``tid`` (0: the caller) onto ``cpus``; False where that failed (a CPU gone
+    offline, a cpuset changed: it stays where it was; refused: placement turns off)."""
+    global _denied
     try:
-        os.sched_setaffinity(0, cpus)
-    except OSError:
+        os.sched_setaffinity(tid, cpus)
+    except OSError as error:
+        if error.errno in _REFUSED:
+            _denied = True
         return False
     return True
 
 
-def _move(cpus: frozenset[int]) -> None:
-    """A lane's thread onto ``cpus`` (no system call when it was moved there last)."""
-    if getattr(_local, "now", None) != cpus and _set(cpus):
+def _set(cpus: frozenset[int]) -> bool:
+    """The calling thread onto ``cpus`` (:func:`_affinity`)."""
+    _local.now = None
+    return _affinity(0, cpus)
+
+
+def move_to(cpus: frozenset[int] | None) -> None:
+    """Moves the calling thread (a lane joining a split) onto ``cpus``, what the caller's
+    :func:`keep_here` yielded (nothing for None; no system call when it was moved there
+    last)."""
+    if cpus and enabled() and getattr(_local, "now", None) != cpus and _set(cpus):
         _local.now = cpus
 
 
 @contextmanager
-def keep_here() -> Iterator[int | None]:
+def keep_here() -> Iterator[frozenset[int] | None]:
     """Holds the calling thread on the CPU it runs on for the block, then gives it back the
-    mask it had; yields that CPU, or None when nothing is held (see the module doc)."""
+    mask it had; yields the other CPUs it may run on (where its lanes go: :func:`move_to`),
+    or None when nothing is held (see the module doc)."""
     cpu = current_cpu()
-    if cpu is None:
+    if cpu is None or not enabled() or getattr(_local, "held_from", None) is not None:
         yield None
         return
     before = frozenset(os.sched_getaffinity(0))
-    if len(before) < 2 or cpu not in before or not _set(frozenset({cpu})):
+    rest = before - {cpu}
+    if not rest or cpu not in before:
         yield None
         return
+    _local.held_from = before  # first: an interrupt from here on still gives the mask back
     try:
-        yield cpu
+        if not _set(frozenset({cpu})):
+            _local.held_from = None
+            yield None
+            return
+        yield rest
     finally:
-        _set(before)
+        if getattr(_local, "held_from", None) is not None:
+            _local.held_from = None
+            _set(before)
 
 
 def others(cpu: int | None) -> frozenset[int] | None:
-    """The process's CPUs other than ``cpu``; None when there are none (or ``cpu`` is None,
-    or placement is off)."""
-    if cpu is None or not ENABLED:
+    """The calling thread's allowed CPUs (:func:`allowed`) other than ``cpu``; None when there
+    are none (or ``cpu`` is None, or placement is off)."""
+    if cpu is None or not enabled():
         return None
-    rest = _allowed() - {cpu}
-    return rest or None
+    return (allowed() - {cpu}) or None
 
 
 def move(tid: int, cpus: frozenset[int]) -> bool:
     """Moves the thread ``tid`` (a native id) onto ``cpus``; False where that failed."""
-    try:
-        os.sched_setaffinity(tid, cpus)
-    except OSError:
-        return False
-    return True
-
-
-def away_from(cpu: int | None) -> None:
-    """Moves the calling thread (a lane joining a split) to the process's CPUs other than
-    ``cpu`` (the caller's); nothing when ``cpu`` is None or no other CPU is allowed."""
-    if cpu is None or not ENABLED:
-        return
-    others = _allowed() - {cpu}
-    if others:
-        _move(others)
+    return _affinity(tid, cpus)
