@@ -51,8 +51,9 @@ def threads_for(calls: int, cores: int) -> int:
 AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
 """The CPU flags OpenBLAS's AVX-512 (``SkylakeX``) kernels use."""
 
-NARROW_KERNELS = frozenset({"haswell", "zen", "sandybridge", "nehalem", "core2", "prescott"})
-"""OpenBLAS kernel sets of at most 256-bit vectors (threadpoolctl's ``architecture``)."""
+WIDE_KERNELS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+"""OpenBLAS's kernel sets of 512-bit vectors (threadpoolctl's ``architecture``): any other
+set forced on a CPU with AVX-512 runs narrower vectors."""
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -76,11 +77,11 @@ def kernels_note(
     to say."""
     if not coretype or architecture is None or not AVX512.issubset(flags):
         return None
-    if architecture.lower() not in NARROW_KERNELS:
+    if architecture.lower() in WIDE_KERNELS:
         return None
     return (
         f"OPENBLAS_CORETYPE={coretype} has numpy's OpenBLAS run its {architecture} kernels "
-        "(256-bit) on a CPU with AVX-512: products run at half the vector width "
+        "(256-bit or narrower) on a CPU with AVX-512: products run at half the vector width "
         "(unset it to let OpenBLAS choose)"
     )
 
@@ -91,7 +92,11 @@ def loaded_kernels() -> str | None:
         from threadpoolctl import threadpool_info
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
         return None
-    for info in threadpool_info():
+    try:
+        found = threadpool_info()
+    except Exception:  # a start-up note never stops the server
+        return None
+    for info in found:
         if info.get("internal_api") == "openblas" and info.get("architecture"):
             return str(info["architecture"])
     return None
