@@ -33,9 +33,11 @@ texts differ from sequential decoding by design, docs/performance.md, "VAD-chunk
 audio").
 
 TTS (``--task tts``): a wave is c of ``bench/model_piper.py``'s texts, cycled, on the
-runtime unbatched (2 slots) and batched (c slots), and ``piper-tts serial``
-(onnxruntime, ``intra_op_num_threads`` = threads); ratios to piper-tts; ``same`` compares
-the lengths in samples (the audio itself is within 1e-4).
+runtime unbatched (2 slots) and batched (c slots), with ``--http`` the same two
+configurations as ``voxpool serve`` processes (c speech requests posted at once for raw
+PCM), and ``piper-tts serial`` (onnxruntime, ``intra_op_num_threads`` = threads); ratios
+to piper-tts; ``same`` compares every voxpool side's lengths in samples with the 2-slot
+runtime's (the audio itself is within 1e-4).
 """
 
 from __future__ import annotations
@@ -205,18 +207,15 @@ def _wav(audio: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _http_wave(
-    slots: int, batching: bool, threads: int, logs: Path
-) -> tuple[Any, Callable[[bool], Wave]]:
-    """A ``voxpool serve`` process and its waves: every file posted at once on its own
-    connection (``wave(True)``: with ``vad_chunking=true``)."""
-    import httpx
-
+def _serve(task: str, slots: int, batching: bool, threads: int, logs: Path) -> Any:
+    """A ``voxpool serve`` process with one model of ``task`` (``threads: "auto"`` under a
+    ``threads``-CPU affinity mask), started."""
     from tests.server.live import LiveServer
 
-    model = {"id": "whisper", "family": "whisper", "slots": slots, "batching": batching}
+    family = "whisper" if task == "asr" else "piper"
+    model = {"id": family, "family": family, "slots": slots, "batching": batching}
     config = {"busy_timeout_ms": 0, "threads": "auto", "models": [model]}
-    path = logs / f"bench-{'batched' if batching else 'slots'}-{threads}.json"
+    path = logs / f"bench-{task}-{'batched' if batching else 'slots'}-{threads}.json"
     path.write_text(json.dumps(config))
     # LiveServer (the tests' launcher) pins BLAS to 1 thread unless the environment names a
     # value: an empty one leaves the server's own "auto" policy in charge. Only the server
@@ -227,7 +226,7 @@ def _http_wave(
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, sorted(mine)[:threads])  # the server inherits it: its "auto"
     try:
-        server = LiveServer(path, logs).start()
+        return LiveServer(path, logs).start()
     finally:
         os.sched_setaffinity(0, mine)
         for var, value in saved.items():
@@ -235,6 +234,16 @@ def _http_wave(
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
+
+
+def _http_wave(
+    slots: int, batching: bool, threads: int, logs: Path
+) -> tuple[Any, Callable[[bool], Wave]]:
+    """A ``voxpool serve`` process and its waves: every file posted at once on its own
+    connection (``wave(True)``: with ``vad_chunking=true``)."""
+    import httpx
+
+    server = _serve("asr", slots, batching, threads, logs)
 
     def one(data: bytes, chunked: bool) -> str:
         r = httpx.post(
@@ -255,6 +264,27 @@ def _http_wave(
         return wave_fn
 
     return server.stop, make_wave
+
+
+def _http_tts_wave(slots: int, batching: bool, threads: int, logs: Path) -> tuple[Any, Wave]:
+    """A ``voxpool serve`` process with Piper and its wave: every text posted at once to
+    ``/v1/audio/speech`` on its own connection (raw 16-bit PCM, noise_w 0, seed 0, as the
+    in-process requests), each answer's length in samples."""
+    import httpx
+
+    server = _serve("tts", slots, batching, threads, logs)
+
+    def one(text: str) -> str:
+        body = {"model": "piper", "input": text, "response_format": "pcm", "noise_w": 0.0}
+        r = httpx.post(server.url + "/v1/audio/speech", json={**body, "seed": 0}, timeout=600.0)
+        r.raise_for_status()
+        return f"{len(r.content) // 2} samples"
+
+    def wave_fn(texts: list[Any]) -> list[str]:
+        with ThreadPoolExecutor(len(texts)) as pool:
+            return list(pool.map(one, texts))
+
+    return server.stop, wave_fn
 
 
 def _measure(waves: dict[str, Wave], audios: list[np.ndarray], repeats: int) -> dict[str, Any]:
@@ -329,29 +359,38 @@ def run(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[
     return rows
 
 
-def run_tts(concurrency: list[int], threads: int, repeats: int) -> list[dict[str, Any]]:
+def run_tts(concurrency: list[int], threads: int, repeats: int, http: bool) -> list[dict[str, Any]]:
     """TTS waves: c texts (bench/model_piper.py's, cycled) on the runtime unbatched (2 slots)
-    and batched (c slots), and piper-tts serially; ratios to piper-tts."""
+    and batched (c slots), with ``http`` through two ``voxpool serve`` too, and piper-tts
+    serially; ratios to piper-tts."""
     from bench.model_piper import TEXTS
 
     texts = list(TEXTS.values())
     rows: list[dict[str, Any]] = []
+    logs = Path(tempfile.mkdtemp(prefix="voxpool-bench-"))
     with blas_threads(threads):
         for c in concurrency:
             wave_texts = [texts[k % len(texts)] for k in range(c)]
-            close_a, slots2 = _runtime_wave(2, False, "tts", threads)
-            close_b, batched = _runtime_wave(max(c, 1), True, "tts", threads)
-            waves = {
-                "voxpool slots=2": slots2(False),
-                "voxpool batched": batched(False),
-                "piper-tts serial": _piper_wave(threads),
-            }
+            closers: list[Any] = []
+            close, slots2 = _runtime_wave(2, False, "tts", threads)
+            closers.append(close)
+            close, batched = _runtime_wave(max(c, 1), True, "tts", threads)
+            closers.append(close)
+            waves = {"voxpool slots=2": slots2(False), "voxpool batched": batched(False)}
+            if http:
+                close, waves["http slots=2"] = _http_tts_wave(2, False, threads, logs)
+                closers.append(close)
+                close, waves["http batched"] = _http_tts_wave(max(c, 1), True, threads, logs)
+                closers.append(close)
+            waves["piper-tts serial"] = _piper_wave(threads)
             try:
                 got = _measure(waves, wave_texts, repeats)
             finally:
-                close_a()
-                close_b()
-            same = got["voxpool batched"][1] == got["voxpool slots=2"][1]
+                for close in closers:
+                    close()
+            same = all(
+                got[n][1] == got["voxpool slots=2"][1] for n in got if n != "piper-tts serial"
+            )
             for name, (wall, _out) in got.items():
                 rows.append(
                     {
@@ -360,7 +399,7 @@ def run_tts(concurrency: list[int], threads: int, repeats: int) -> list[dict[str
                         "impl": name,
                         "wave_s": round(wall, 2),
                         "vs_piper_tts": round(wall / got["piper-tts serial"][0], 2),
-                        "same": same if name.startswith("voxpool") else "",
+                        "same": same if name != "piper-tts serial" else "",
                     }
                 )
             print(markdown_table(rows[-len(got) :]), flush=True)
@@ -373,13 +412,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--http", action="store_true", help="asr: also through two voxpool serve")
+    p.add_argument("--http", action="store_true", help="also through two voxpool serve")
     args = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
     concurrency = [int(x) for x in args.concurrency.split(",")]
     for t in (int(x) for x in args.threads.split(",")):
         if args.task == "tts":
-            rows += run_tts(concurrency, t, args.repeats)
+            rows += run_tts(concurrency, t, args.repeats, args.http)
         else:
             rows += run(concurrency, t, args.repeats, args.http)
     print()

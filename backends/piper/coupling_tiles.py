@@ -33,7 +33,8 @@ from numba.core import types
 from backends import kernels
 from backends.intrinsics import add as _atomic_add
 from backends.intrinsics import sgemm as _sgemm
-from backends.piper import blas, host
+from backends.piper import blas
+from backends.piper.conv_weights import ConvWeights
 from backends.piper.resblock_tiles import accumulate_row, zero_outside
 from backends.piper.winograd_kernels import input_4_5, output_4_5
 
@@ -71,7 +72,7 @@ class Packed:
         return int(self.in_u.shape[0]) * (R - 1) // 2
 
 
-def pack(prep: Mapping[str, host.ConvWeights], p: str, layers: int) -> Packed | None:
+def pack(prep: Mapping[str, ConvWeights], p: str, layers: int) -> Packed | None:
     """Coupling ``p``'s convs packed for :func:`run`, or None where it does not apply."""
     if not blas.ADDRESS or layers < 1:
         return None
@@ -111,6 +112,20 @@ def pack(prep: Mapping[str, host.ConvWeights], p: str, layers: int) -> Packed | 
     for a in arrays.values():
         a.setflags(write=False)
     return Packed(**arrays)
+
+
+def share_weights(packed: Packed, prep: dict[str, ConvWeights], p: str, layers: int) -> None:
+    """Replaces coupling ``p``'s in-layers and res/skip convs in ``prep`` (those :func:`pack`
+    packed) by the same convs whose Winograd filters and taps are views of ``packed``'s, so
+    a model holds one copy of them (the Python paths read the same numbers)."""
+    for j in range(layers):
+        name = f"{p}.enc.in_layers.{j}"
+        cw = prep[name]
+        assert cw.winograd is not None
+        prep[name] = attrs.evolve(cw, winograd=attrs.evolve(cw.winograd, u=packed.in_u[j]))
+        name = f"{p}.enc.res_skip_layers.{j}"
+        rows = prep[name].c_out
+        prep[name] = attrs.evolve(prep[name], taps=packed.rs_w[j, :rows].reshape(1, rows, -1))
 
 
 def run(

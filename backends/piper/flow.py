@@ -109,14 +109,18 @@ Python, for comparisons)."""
 
 
 def prepare_couplings(
-    prep: Mapping[str, host.ConvWeights], h: Hyper
+    prep: dict[str, host.ConvWeights], h: Hyper
 ) -> dict[str, coupling_tiles.Packed | None]:
     """Every coupling's convs packed for the compiled tiles (None where they do not apply),
-    by the coupling's module name."""
-    return {
-        f"flow.flows.{i}": coupling_tiles.pack(prep, f"flow.flows.{i}", h.flow_wn_layers)
-        for i in range(0, 2 * h.flow_layers, 2)
-    }
+    by the coupling's module name; the packed convs in ``prep`` are replaced by views of
+    the packed weights (:func:`coupling_tiles.share_weights`: one copy in the model)."""
+    found: dict[str, coupling_tiles.Packed | None] = {}
+    for i in range(0, 2 * h.flow_layers, 2):
+        p = f"flow.flows.{i}"
+        found[p] = packed = coupling_tiles.pack(prep, p, h.flow_wn_layers)
+        if packed is not None:
+            coupling_tiles.share_weights(packed, prep, p, h.flow_wn_layers)
+    return found
 
 
 def _compiled_coupling(

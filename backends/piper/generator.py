@@ -88,19 +88,23 @@ def prepare_generator(
 
 
 def prepare_stages(
-    convs: Mapping[str, host.ConvWeights], h: Hyper
+    convs: dict[str, host.ConvWeights], h: Hyper
 ) -> dict[int, resblock_tiles.Packed | None]:
     """Each stage's ResBlock2s packed for the compiled tiles (:func:`resblock_tiles.pack`;
-    None where they do not apply), by stage index; empty for other resblocks."""
+    None where they do not apply), by stage index; empty for other resblocks. The packed
+    convs in ``convs`` are replaced by the same convs whose taps are views of the packed
+    ones (:func:`resblock_tiles.share_taps`: one copy in the model)."""
     if not all(len(dil) == 2 for dil in h.resblock_dilations):
         return {}
     n_k = len(h.resblock_kernels)
     stages: dict[int, resblock_tiles.Packed | None] = {}
     for i in range(len(h.upsample_rates)):
         names = [f"dec.resblocks.{i * n_k + j}" for j in range(n_k)]
-        stages[i] = resblock_tiles.pack(
-            [(convs[f"{p}.convs.0"], convs[f"{p}.convs.1"]) for p in names]
-        )
+        pairs = [(convs[f"{p}.convs.0"], convs[f"{p}.convs.1"]) for p in names]
+        stages[i] = packed = resblock_tiles.pack(pairs)
+        if packed is not None:
+            for p, (cw1, cw2) in zip(names, resblock_tiles.share_taps(packed, pairs), strict=True):
+                convs[f"{p}.convs.0"], convs[f"{p}.convs.1"] = cw1, cw2
     return stages
 
 

@@ -29,10 +29,8 @@ backends run the generic code in :mod:`backends.piper.generator`.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -41,10 +39,8 @@ from numpy.lib.stride_tricks import as_strided
 from backends import kernels, parallel
 from backends.base import ArrayBackend
 from backends.numpy_backend import NumpyBackend
-from backends.piper import blas, resblock_tiles, winograd
-
-if TYPE_CHECKING:
-    from backends.piper import coupling_tiles
+from backends.piper import blas, coupling_tiles, resblock_tiles, winograd
+from backends.piper.conv_weights import ConvWeights as ConvWeights  # re-exported
 
 TILE_BYTES = 1 << 22
 """Bytes of one tile's column matrix: it, the activation tile and the output tile stay in L2."""
@@ -70,43 +66,6 @@ def zero_gaps(x: np.ndarray, gaps: Gaps) -> None:
 def is_host(be: ArrayBackend) -> bool:
     """True when ``be`` computes on host numpy arrays with the CPU layers (the fast paths apply)."""
     return isinstance(be, NumpyBackend)
-
-
-@attrs.frozen(eq=False, slots=False)
-class ConvWeights:
-    """A Conv1d prepared for :func:`conv_same`: per-tap matrices ``[K, C_out, C_in]`` and the
-    bias ``[C_out, 1]``; the im2col operand (:attr:`matrix`) is built when first needed."""
-
-    taps: np.ndarray
-    bias: np.ndarray
-    dilation: int
-    winograd: winograd.Filters | None = None
-    """The taps transformed for Winograd's minimal filtering, where it applies
-    (:func:`backends.piper.winograd.prepare`): :func:`add_conv` then uses them."""
-    rows: np.ndarray | None = None
-    """Where the conv's per-tap GEMMs are cut into pieces of output rows (int64 [pieces, 2]:
-    first row, end row) that :func:`add_conv` hands to the caller's lanes
-    (:func:`blas.conv_rows`); None: one piece."""
-
-    @property
-    def kernel(self) -> int:
-        return int(self.taps.shape[0])
-
-    @property
-    def c_out(self) -> int:
-        return int(self.taps.shape[1])
-
-    @property
-    def padding(self) -> int:
-        """The "same" padding at each end."""
-        return self.dilation * (self.kernel - 1) // 2
-
-    @functools.cached_property
-    def matrix(self) -> np.ndarray:
-        """``[C_out, C_in * K + 1]``: rows (channel, tap), bias last (the im2col GEMM's operand)."""
-        k, c_out, c_in = self.taps.shape
-        w = self.taps.transpose(1, 2, 0).reshape(c_out, c_in * k)
-        return np.ascontiguousarray(np.concatenate([w, self.bias], axis=1), dtype=np.float32)
 
 
 def prepare(

@@ -81,9 +81,10 @@ class PiperModel:
             return None
         w, h = self.weights, self.hyper
         convs, ups = prepare_generator(w, h)
+        stages = prepare_stages(convs, h)
         convs_all = {**prepare_encoder(w, h), **prepare_flow(w, h), **convs}
         couplings = prepare_couplings(convs_all, h)
-        return host.Prepared(convs_all, ups, prepare_stages(convs, h), couplings)
+        return host.Prepared(convs_all, ups, stages, couplings)
 
     def synthesize_ids(
         self,

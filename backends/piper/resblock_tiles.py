@@ -27,7 +27,7 @@ was not found), and the caller checks every operand before the compiled loop run
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import numpy as np
@@ -37,9 +37,7 @@ from backends import kernels
 from backends.intrinsics import add as _atomic_add
 from backends.intrinsics import sgemm as _sgemm
 from backends.piper import blas
-
-if TYPE_CHECKING:
-    from backends.piper.host import ConvWeights
+from backends.piper.conv_weights import ConvWeights
 
 _ZERO, _ONE = np.float32(0.0), np.float32(1.0)
 
@@ -97,6 +95,27 @@ def pack(blocks: Sequence[tuple[ConvWeights, ConvWeights]]) -> Packed | None:
         halo=max(cw1.padding + cw2.padding for cw1, cw2 in blocks),
         inner_halo=max(cw2.padding for _, cw2 in blocks),
     )
+
+
+def share_taps(
+    packed: Packed, blocks: Sequence[tuple[ConvWeights, ConvWeights]]
+) -> list[tuple[ConvWeights, ConvWeights]]:
+    """``blocks`` (those :func:`pack` packed) with their taps as views of ``packed.taps``, so a
+    model holds one copy of them (the Python paths read the same numbers)."""
+    shared = []
+    for j, (cw1, cw2) in enumerate(blocks):
+        a1, a2 = int(packed.meta[j, 0]), int(packed.meta[j, 3])
+        shared.append(
+            (
+                attrs.evolve(
+                    cw1, taps=packed.taps[a1 : a1 + cw1.taps.size].reshape(cw1.taps.shape)
+                ),
+                attrs.evolve(
+                    cw2, taps=packed.taps[a2 : a2 + cw2.taps.size].reshape(cw2.taps.shape)
+                ),
+            )
+        )
+    return shared
 
 
 def scratch(packed: Packed, tile: int, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -166,3 +166,30 @@ def test_without_the_per_tap_paths_the_packed_couplings_are_not_used(
     assert tiles == []
     ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
     assert np.array_equal(got, ref)
+
+
+def test_a_models_packed_weights_are_its_only_copy() -> None:
+    """The convs the compiled tiles packed read the packed arrays (views), so packing adds
+    no second copy of the weights to a loaded model."""
+    from backends.piper import load_factory
+
+    model = load_factory().model
+    prepared = model.prepared
+    assert prepared is not None
+    h = model.hyper
+    for i in (0, 2, 4, 6):
+        packed = prepared.couplings[f"flow.flows.{i}"]
+        assert packed is not None
+        for j in range(h.flow_wn_layers):
+            cw = prepared.convs[f"flow.flows.{i}.enc.in_layers.{j}"]
+            assert cw.winograd is not None
+            assert np.shares_memory(cw.winograd.u, packed.in_u)
+            rs = prepared.convs[f"flow.flows.{i}.enc.res_skip_layers.{j}"]
+            assert np.shares_memory(rs.taps, packed.rs_w)
+    n_k = len(h.resblock_kernels)
+    for i, stage in prepared.stages.items():
+        assert stage is not None
+        for j in range(n_k):
+            for m in (0, 1):
+                cw = prepared.convs[f"dec.resblocks.{i * n_k + j}.convs.{m}"]
+                assert np.shares_memory(cw.taps, stage.taps)
