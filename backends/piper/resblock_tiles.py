@@ -71,7 +71,10 @@ def pack(blocks: Sequence[tuple[ConvWeights, ConvWeights]]) -> Packed | None:
     c = blocks[0][0].c_out
     convs = [cw for pair in blocks for cw in pair]
     if c < 2 or any(
-        cw.taps.shape[1:] != (c, c) or cw.winograd is not None or cw.rows is not None
+        cw.taps.shape[1:] != (c, c)
+        or cw.kernel % 2 == 0  # "same" padding of an even kernel: refused by blas.conv_taps
+        or cw.winograd is not None
+        or cw.rows is not None
         for cw in convs
     ):
         return None
@@ -202,7 +205,7 @@ def accumulate_row(src: Any, dst: Any) -> None:  # pragma: no cover - compiled
 
 
 @kernels.compiled
-def scaleleaky_row(row: Any, scale: Any, slope: Any) -> None:  # pragma: no cover - compiled
+def scale_leaky_row(row: Any, scale: Any, slope: Any) -> None:  # pragma: no cover - compiled
     """``row = leaky(row * scale)`` in place (:func:`kernels.leaky_rows_in_place`' formula
     after numpy's ``row *= scale``). Each of these row loops runs from 0 over a row slice:
     LLVM left the same loop over an offset range of a whole row scalar (8x slower)."""
@@ -333,5 +336,5 @@ def _tiles(
                 leaky_row(y[r, : e1 - e0], ya[r, : e1 - e0], slope)
             _taps(sgemm, taps, o2, k2, d2, ya, 0, out, t0, n)
         for r in range(c):
-            scaleleaky_row(out[r, t0 : t0 + n], scale, post)
+            scale_leaky_row(out[r, t0 : t0 + n], scale, post)
         done += 1

@@ -161,7 +161,8 @@ def test_run_refuses_operands_it_would_read_or_write_out_of_bounds() -> None:
 
 
 def test_pack_leaves_other_convs_to_the_python_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """None for Winograd's filters, row pieces, non-square convs and a 32-bit BLAS."""
+    """None for Winograd's filters, row pieces, even kernels, non-square convs and a 32-bit
+    BLAS."""
     rng = np.random.default_rng(4)
     assert resblock_tiles.pack(_blocks(rng, 8, PIPER)) is not None
     assert resblock_tiles.pack([]) is None
@@ -173,6 +174,8 @@ def test_pack_leaves_other_convs_to_the_python_tiles(monkeypatch: pytest.MonkeyP
     rows = host.prepare(w, None, 2, row_pieces=True)
     assert rows.rows is not None
     assert resblock_tiles.pack([(plain[0], rows)]) is None
+    even = _blocks(rng, 8, ((4, (1, 2)),))  # its windows would run past the buffers
+    assert resblock_tiles.pack(even) is None
     wide = host.prepare(rng.standard_normal((16, 8, 3), dtype=np.float32), None, 1)
     narrow = _blocks(rng, 8, ((3, (1, 2)),))[0]
     assert resblock_tiles.pack([(narrow[0], wide)]) is None
