@@ -22,6 +22,7 @@ import anyio.to_thread
 from core.engine import BatchEngine, BatchingFactory, Emitted, Member
 from core.pool import Session, SessionFactory
 from core.weights import Free, Hit, Loaded, StartLoad, Wait, WeightCache, WeightKey
+from server import gc_policy
 from server.blas import AdaptiveThreads
 from server.families import registry
 from server.runtime.ports import ModelSpec
@@ -111,6 +112,7 @@ class ThreadedProvider:
         options = entry.load_kwargs(spec.mode, spec.path, spec.load_options)
         backend = make_backend(spec.backend, spec.device)
         factory: SessionFactory = module.load_factory(backend, **options)
+        gc_policy.settle()  # the model's objects (and the imports) out of every collection
         return factory
 
     async def load(self, spec: ModelSpec) -> SessionFactory:
