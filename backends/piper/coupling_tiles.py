@@ -35,7 +35,7 @@ from backends.intrinsics import add as _atomic_add
 from backends.intrinsics import sgemm as _sgemm
 from backends.piper import blas
 from backends.piper.conv_weights import ConvWeights
-from backends.piper.resblock_tiles import accumulate_row, zero_outside
+from backends.piper.resblock_tiles import accumulate_row, counter_and_gaps_fit, zero_outside
 from backends.piper.winograd_kernels import input_4_5, output_4_5
 
 M, R = 4, 5
@@ -146,12 +146,7 @@ def run(
         or not (z.flags.c_contiguous and out.flags.c_contiguous)
         or tile < 1
         or t < 1
-        or counter.dtype != np.int64
-        or counter.shape != (1,)
-        or gaps.dtype != np.int64
-        or gaps.ndim != 2
-        or gaps.shape[1] != 2
-        or any(not 0 <= g0 <= g1 <= t for g0, g1 in gaps.tolist())
+        or not counter_and_gaps_fit(counter, gaps, t)
     ):
         raise ValueError("coupling_tiles.run: operands of the wrong shape, dtype or layout")
     if np.may_share_memory(z, out):

@@ -156,12 +156,7 @@ def run(
         or xa.shape != (c, min(tile, t) + 2 * packed.halo)
         or y.shape != (c, min(tile, t) + 2 * packed.inner_halo)
         or ya.shape != y.shape
-        or counter.dtype != np.int64
-        or counter.shape != (1,)
-        or gaps.dtype != np.int64
-        or gaps.ndim != 2
-        or gaps.shape[1] != 2
-        or any(not 0 <= g0 <= g1 <= t for g0, g1 in gaps.tolist())
+        or not counter_and_gaps_fit(counter, gaps, t)
     ):
         raise ValueError("resblock_tiles.run: operands of the wrong shape, dtype or layout")
     if np.may_share_memory(x, out) or any(
@@ -176,6 +171,19 @@ def run(
             xa, y, ya, blas.ADDRESS,
         )
     )  # fmt: skip
+
+
+def counter_and_gaps_fit(counter: np.ndarray, gaps: np.ndarray, t: int) -> bool:
+    """Whether ``counter`` is an int64 [1] tile counter and ``gaps`` int64 [g, 2] column ranges
+    inside ``[0, t)`` (what the compiled loops here take without checks)."""
+    return (
+        counter.dtype == np.int64
+        and counter.shape == (1,)
+        and gaps.dtype == np.int64
+        and gaps.ndim == 2
+        and gaps.shape[1] == 2
+        and all(0 <= g0 <= g1 <= t for g0, g1 in gaps.tolist())
+    )
 
 
 def _c_float32(a: np.ndarray) -> bool:
