@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[server,sim,test]'
-	$(PY) -c 'import backends.handoff, backends.piper.winograd_kernels'  # compiles the numba kernels once (cached beside them)
+	$(PY) -c 'import backends.handoff, backends.piper.winograd_kernels'  # compiles the numba kernels once (cached: backends/kernel_cache.py)
 	touch $(STAMP)
 
 serve: $(STAMP)

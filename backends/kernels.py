@@ -38,8 +38,9 @@ What they compute, and how it compares with numpy's:
 * :func:`gate_rows` (WaveNet's ``tanh(a) * sigmoid(b)``, Piper's flow): the exps as the
   softmax's, within about 2.4e-7 (absolute) of numpy's ``tanh`` formulas; NaN stays NaN.
 
-The kernels are compiled when this module is first imported (4-6 s) and cached next to
-it (numba's ``cache=True``; where that folder is read-only, numba's per-user cache), so
+The kernels are compiled when this module is first imported (4-6 s) and cached in a
+folder named after the package's sources (:mod:`backends.kernel_cache`: numba alone
+would check a kernel against its own file only, not the helpers it compiles in), so
 later imports load them (about 0.1-0.5 s, beside numba's own import, about 0.5 s). Only
 numpy paths use them (the numpy backend, and Whisper's decoder on numpy); the OpenCL
 and CUDA backends have kernels of their own.
@@ -60,14 +61,14 @@ from numba.extending import intrinsic
 from numba.np.numpy_support import carray
 from numpy.lib.stride_tricks import as_strided
 
-from backends import erf
+from backends import erf, kernel_cache
 from backends.erf import ERF_ALPHA, ERF_BETA
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _OPTIONS: dict[str, Any] = {
     "nogil": True,
-    "cache": True,
+    "cache": kernel_cache.CACHE_DIR is not None,  # a folder per source tree, see there
     "boundscheck": False,
     "error_model": "numpy",  # no division check in the loops (it keeps them from vectorizing)
 }
@@ -100,7 +101,8 @@ _ZERO, _TWO = np.float32(0.0), np.float32(2.0)
 
 def compiled(function: F) -> F:
     """``function`` for numba to compile with this module's options where a kernel calls it."""
-    return cast(F, njit(**_OPTIONS)(function))
+    with kernel_cache.cache_dir(_NUMBA):
+        return cast(F, njit(**_OPTIONS)(function))
 
 
 def array_type(ndim: int, dtype: Any = types.float32, readonly: bool = False) -> Any:
@@ -128,7 +130,8 @@ def kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
         before = _NUMBA.SLP_VECTORIZE
         _NUMBA.SLP_VECTORIZE = int(slp or before)
         try:
-            return cast(F, njit(signature, **_OPTIONS)(function))
+            with kernel_cache.cache_dir(_NUMBA):
+                return cast(F, njit(signature, **_OPTIONS)(function))
         finally:
             _NUMBA.SLP_VECTORIZE = before
 

@@ -268,7 +268,7 @@ def _tiles(
     c, layers = pre_w.shape[0], in_u.shape[0]
     halo = layers * (R - 1) // 2
     pad = (R - 1) // 2
-    tiles = (t + tile - 1) // tile
+    tiles = (t - 1) // tile + 1  # t >= 1; no overflow for any tile
     done = 0
     while True:
         i = _atomic_add(_address(counter), 1)

@@ -81,7 +81,7 @@ def flow_reverse_host(
     """
     half = h.inter // 2
     tile = _coupling_tile(z.shape[1])
-    at = np.array(gaps, np.int64).reshape(-1, 2)
+    at = np.clip(np.array(gaps, np.int64).reshape(-1, 2), 0, z.shape[1])  # as slicing clips
     for i in reversed(range(0, 2 * h.flow_layers, 2)):
         z = z[::-1]  # Flip (a view; the coupling writes a new array)
         p = f"flow.flows.{i}"
@@ -133,6 +133,8 @@ def _compiled_coupling(
     """One coupling in compiled tiles: ``tile`` columns on the caller's cores, or (None: one
     core) one tile over all of ``z``."""
     t = z.shape[1]
+    if t == 0:
+        return
     width = t if tile is None else tile
     counter = np.zeros(1, np.int64)
 

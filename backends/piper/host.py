@@ -281,7 +281,7 @@ def resblocks(
     c, t = x.shape
     tile = _tile_columns(t, c)
     if packed is not None and USE_COMPILED_TILES:
-        at = np.array(gaps, np.int64).reshape(-1, 2)
+        at = np.clip(np.array(gaps, np.int64).reshape(-1, 2), 0, t)  # as slicing clips
         counter = np.zeros(1, np.int64)
 
         def lane() -> None:

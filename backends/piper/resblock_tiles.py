@@ -174,11 +174,14 @@ def run(
 
 
 def counter_and_gaps_fit(counter: np.ndarray, gaps: np.ndarray, t: int) -> bool:
-    """Whether ``counter`` is an int64 [1] tile counter and ``gaps`` int64 [g, 2] column ranges
-    inside ``[0, t)`` (what the compiled loops here take without checks)."""
+    """Whether ``counter`` is an int64 [1] tile counter not below 0 and ``gaps`` int64 [g, 2]
+    column ranges inside ``[0, t)`` (what the compiled loops here take without checks: a
+    negative index would put a tile before the output). A counter already past the last
+    tile is a lane that came late: it runs nothing (a stage starts from a zero counter)."""
     return (
         counter.dtype == np.int64
         and counter.shape == (1,)
+        and int(counter[0]) >= 0
         and gaps.dtype == np.int64
         and gaps.ndim == 2
         and gaps.shape[1] == 2
@@ -317,7 +320,7 @@ def _tiles(
     """:func:`run`'s loop: the steps of :func:`backends.piper.host._resblock_tiles`, in order."""
     c, t = x.shape
     halo = (xa.shape[1] - min(tile, t)) // 2
-    tiles = (t + tile - 1) // tile
+    tiles = (t - 1) // tile + 1  # t >= 1; no overflow for any tile
     done = 0
     while True:
         i = _atomic_add(np.int64(counter.ctypes.data), 1)

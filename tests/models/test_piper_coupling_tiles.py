@@ -126,6 +126,7 @@ def _args(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         {"gaps": np.array([[20, 10]], np.int64)},
         {"gaps": np.array([[1, 2, 3]], np.int64)},
         {"counter": np.zeros(1, np.int32)},
+        {"counter": np.full(1, -1, np.int64)},  # a tile before out
         {"tile": 0},
     ],
 )
@@ -193,3 +194,37 @@ def test_a_models_packed_weights_are_its_only_copy() -> None:
             for m in (0, 1):
                 cw = prepared.convs[f"dec.resblocks.{i * n_k + j}.convs.{m}"]
                 assert np.shares_memory(cw.taps, stage.taps)
+
+
+def test_a_tile_wider_than_any_input_runs_the_whole_input_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tile count cannot overflow: a tile of 2**63 - 1 columns is one tile, as one of T."""
+    outs = []
+    for tile in (200, 2**63 - 1):
+        args = _args(monkeypatch)
+        args["tile"] = tile
+        args["out"] = np.full_like(args["z"], np.nan)
+        assert coupling_tiles.run(**args) == 1
+        outs.append(args["out"])
+    assert not np.isnan(outs[1]).any() and np.array_equal(outs[0], outs[1])
+
+
+def test_gaps_past_the_end_are_clipped_as_the_python_tiles_clip_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h, prep, z, _, packed = _case(130, monkeypatch)
+    monkeypatch.setattr(parallel.SHARE, "share", lambda: 2)
+    gaps = [(120, 140)]  # runs 10 columns past the end
+    runs = []
+    for compiled in (False, True):
+        monkeypatch.setattr(flow, "USE_COMPILED_TILES", compiled)
+        runs.append(flow.flow_reverse_host(prep, h, z.copy(), gaps, packed))
+    assert np.array_equal(runs[0][:, :120], runs[1][:, :120])
+
+
+def test_an_input_of_no_frames_gives_no_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    h, prep, z, _, packed = _case(40, monkeypatch)
+    monkeypatch.setattr(parallel.SHARE, "share", lambda: 1)
+    out = flow.flow_reverse_host(prep, h, z[:, :0].copy(), (), packed)
+    assert out.shape == (z.shape[0], 0)

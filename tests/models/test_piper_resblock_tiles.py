@@ -121,6 +121,23 @@ def test_lanes_share_the_tiles_through_the_counter() -> None:
     assert np.array_equal(out, before) and counter[0] >= 4
 
 
+def test_a_tile_wider_than_any_input_is_one_tile() -> None:
+    """The tile count cannot overflow: a tile of 2**63 - 1 columns runs the input once."""
+    rng = np.random.default_rng(4)
+    packed = resblock_tiles.pack(_blocks(rng, 8, PIPER))
+    assert packed is not None
+    x = rng.standard_normal((8, 300), dtype=np.float32)
+    gaps = np.zeros((0, 2), np.int64)
+    outs = []
+    for tile in (300, 2**63 - 1):
+        out = np.full_like(x, np.nan)
+        buffers = resblock_tiles.scratch(packed, tile, 300)
+        counter = np.zeros(1, np.int64)
+        assert resblock_tiles.run(x, packed, out, 0.1, 0.01, gaps, tile, counter, buffers) == 1
+        outs.append(out)
+    assert not np.isnan(outs[1]).any() and np.array_equal(outs[0], outs[1])
+
+
 def _refused(**change: Any) -> None:
     rng = np.random.default_rng(2)
     packed = resblock_tiles.pack(_blocks(rng, 8, PIPER))
@@ -154,6 +171,7 @@ def test_run_refuses_operands_it_would_read_or_write_out_of_bounds() -> None:
     _refused(gaps=np.array([[490, 510]], np.int64))  # past the end
     _refused(gaps=np.array([[10, 5]], np.int64))
     _refused(counter=np.zeros(2, np.int64))
+    _refused(counter=np.full(1, -1, np.int64))  # its first tile would start before out
     _refused(x=rng.standard_normal((4, 500), dtype=np.float32), out=np.zeros((4, 500), np.float32))
     shared = np.zeros((8, 500), np.float32)
     _refused(x=shared, out=shared)

@@ -1,6 +1,6 @@
 """Whisper's batched engine (#14) against the unbatched session (tiny.en, one BLAS thread).
 
-Token ids must equal the session's on every request at batch sizes 1, 2, 4 and 8;
+Token ids must equal the session's on every request at batch sizes 1, 2, 4, 8 and 16;
 a divergence is tolerated only at a step where the session's two best (masked)
 logits are within 1e-3 (the near-tie rule of test_whisper_parity.py: a batched
 product rounds differently from a one-row product). Members join as keys free up
@@ -137,7 +137,7 @@ def test_factory_offers_an_engine(whisper_factory: WhisperFactory) -> None:
     check_offers_an_engine(whisper_factory, 3)
 
 
-@pytest.mark.parametrize(("batch", "count"), [(1, 3), (2, 4), (4, 8), (8, 8)])
+@pytest.mark.parametrize(("batch", "count"), [(1, 8), (2, 8), (4, 8), (8, 8), (16, 16)])
 def test_batched_tokens_equal_the_session(
     whisper_factory: WhisperFactory,
     requests: list[WhisperRequest],
@@ -145,10 +145,13 @@ def test_batched_tokens_equal_the_session(
     batch: int,
     count: int,
 ) -> None:
-    """At batch 1 bit for bit; above, identical up to a near tie. With fewer keys than
-    requests, later requests join while earlier ones are mid-decode."""
-    seen = _drive(whisper_factory.engine(batch), [(r, False) for r in requests[:count]])
-    verdicts = [_matches(_result(s), e) for s, e in zip(seen, expected, strict=False)]
+    """Every request (every fixture and the variants; twice over for 16 members) at batch 1
+    bit for bit; above, identical up to a near tie. With fewer keys than requests, later
+    requests join while earlier ones are mid-decode."""
+    wanted = (requests * 2)[:count]
+    seen = _drive(whisper_factory.engine(batch), [(r, False) for r in wanted])
+    assert len(seen) == count
+    verdicts = [_matches(_result(s), e) for s, e in zip(seen, expected * 2, strict=False)]
     if batch == 1:
         assert verdicts == ["identical"] * count
         for entries, reference in zip(seen, expected, strict=False):
@@ -238,3 +241,64 @@ def test_empty_audio_is_done_at_join(whisper_factory: WhisperFactory) -> None:
     assert run.done and stream.done and not stream.chunks
     (result,) = run.chunks
     assert result == whisper_factory.create().run(empty)
+
+
+def test_members_that_join_together_share_one_encoder_pass(
+    whisper_factory: WhisperFactory,
+    requests: list[WhisperRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from backends.whisper import model
+
+    batches: list[int] = []
+    real = model.encode
+
+    def encode(be: Any, w: Any, mels: Any) -> Any:
+        batches.append(int(mels.shape[0]))
+        return real(be, w, mels)
+
+    monkeypatch.setattr(model, "encode", encode)
+    engine = whisper_factory.engine(4)
+    joined = engine.join([Member(k, requests[k], False) for k in range(4)])
+    assert [e.error for e in joined] == [None] * 4
+    assert batches == [4]  # the four first windows, one pass
+
+
+def _linear_rows_in_a_step(
+    whisper_factory: WhisperFactory,
+    members: list[WhisperRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[int]:
+    """The rows of every linear product in the fourth step of ``members`` decoding together."""
+    from backends.whisper import model
+
+    engine = whisper_factory.engine(len(members))
+    keys = list(range(len(members)))
+    engine.join([Member(k, r, False) for k, r in zip(keys, members, strict=True)])
+    for _ in range(3):
+        assert not any(e.done or e.error for e in engine.step(keys))
+    rows: list[int] = []
+    real = model._project
+
+    def project(be: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        rows.append(int(x.shape[0]))
+        return real(be, x, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model, "_project", project)
+        assert not any(e.done or e.error for e in engine.step(keys))
+    return rows
+
+
+def test_a_decoding_step_is_one_product_per_layer_for_all_members(
+    whisper_factory: WhisperFactory,
+    requests: list[WhisperRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four members' step runs as many linear products as one member's (each weight read
+    once a step), every product over all four members' rows."""
+    alone = _linear_rows_in_a_step(whisper_factory, requests[3:4], monkeypatch)
+    together = _linear_rows_in_a_step(whisper_factory, requests[:4], monkeypatch)
+    assert len(alone) >= 4 * 4  # tiny.en: 4 layers, several products each
+    assert len(together) == len(alone)
+    assert min(together) >= 4 and max(alone) == 1
