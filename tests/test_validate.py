@@ -186,6 +186,16 @@ def check_batched_record(record: dict[str, Any], slots: int) -> dict[str, Any]:
     return rows
 
 
+def batched_evidence(model: str, slots: int) -> list[dict[str, Any]]:
+    """``voxpool validate --batching`` of ``model`` at the seed's minimum, checked by
+    :func:`check_batched_record`: the batched evidence of M2, M3, M4 and M6."""
+    record = build_record(
+        model, slots, MIN_STARTS, MIN_WAVES, framework=False, reproduction="test", batching=True
+    )
+    rows = check_batched_record(record, slots)
+    return [rows[cid]["evidence"]["batched"] for cid in ("M2", "M3", "M4", "M6")]
+
+
 def test_silero_vad_batched_passes_every_model_check(batched_record: dict[str, Any]) -> None:
     rows = check_batched_record(batched_record, BATCH_SLOTS)
     # silero_vad declares no batched tolerance: every output was bit-identical

@@ -1,19 +1,13 @@
 """``voxpool validate --batching`` admits Piper's batched engine at two batch slots: every
 model check at the seed's minimum (3 starts, 10 waves), the audio within the engine's
-declared tolerance (docs/validation.md)."""
+declared tolerance (docs/validation.md). A file of its own, so that the test workers run it
+beside Whisper's."""
 
 from __future__ import annotations
 
-from server.cmd_validate import build_record
-from server.validation import MIN_STARTS, MIN_WAVES
-from tests.test_validate import check_batched_record
+from tests.test_validate import batched_evidence
 
 
 def test_piper_batched_passes_every_model_check() -> None:
-    record = build_record(
-        "piper", 2, MIN_STARTS, MIN_WAVES, framework=False, reproduction="test", batching=True
-    )
-    rows = check_batched_record(record, 2)
-    for cid in ("M2", "M3", "M4", "M6"):
-        batched = rows[cid]["evidence"]["batched"]
+    for batched in batched_evidence("piper", 2):
         assert batched["declared_tolerance"].startswith("audio within 1e-4 per sample")

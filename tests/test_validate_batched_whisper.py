@@ -4,17 +4,10 @@ thread: a member's tokens are the session's; docs/validation.md)."""
 
 from __future__ import annotations
 
-from server.cmd_validate import build_record
-from server.validation import MIN_STARTS, MIN_WAVES
-from tests.test_validate import check_batched_record
+from tests.test_validate import batched_evidence
 
 
 def test_whisper_batched_passes_every_model_check() -> None:
-    record = build_record(
-        "whisper", 2, MIN_STARTS, MIN_WAVES, framework=False, reproduction="test", batching=True
-    )
-    rows = check_batched_record(record, 2)
-    for cid in ("M2", "M3", "M4", "M6"):
-        batched = rows[cid]["evidence"]["batched"]
+    for batched in batched_evidence("whisper", 2):
         assert batched["declared_tolerance"].startswith("exact")
         assert batched["outputs_within_tolerance_not_exact"] == 0
