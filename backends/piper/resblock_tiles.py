@@ -159,8 +159,12 @@ def run(
         or not counter_and_gaps_fit(counter, gaps, t)
     ):
         raise ValueError("resblock_tiles.run: operands of the wrong shape, dtype or layout")
-    if np.may_share_memory(x, out) or any(
-        np.may_share_memory(a, b) for a in (x, out) for b in buffers
+    if (
+        np.may_share_memory(x, out)
+        or any(np.may_share_memory(a, b) for a in (x, out) for b in buffers)
+        or np.may_share_memory(xa, y)
+        or np.may_share_memory(xa, ya)
+        or np.may_share_memory(y, ya)
     ):
         raise ValueError("resblock_tiles.run: out or a buffer overlaps an input")
     scale = np.float32(1.0 / packed.meta.shape[0])

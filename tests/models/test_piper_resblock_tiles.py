@@ -176,6 +176,10 @@ def test_run_refuses_operands_it_would_read_or_write_out_of_bounds() -> None:
     shared = np.zeros((8, 500), np.float32)
     _refused(x=shared, out=shared)
     _refused(tile=0)
+    xa, y, ya = resblock_tiles.scratch(packed, 200, 500)
+    _refused(buffers=(xa, y, y))  # a block's output and its activation in one buffer
+    whole = np.zeros(xa.size + y.size - 1, np.float32)  # their last and first float shared
+    _refused(buffers=(whole[: xa.size].reshape(xa.shape), whole[-y.size :].reshape(y.shape), ya))
 
 
 def test_pack_leaves_other_convs_to_the_python_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
