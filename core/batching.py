@@ -31,7 +31,11 @@ Two join policies: ``join_between_steps=True`` (continuous batching, the default
 pending members join the running batch at the next step boundary;
 ``False`` (FireRed's round rule): a new round starts only when no member is
 active, so newcomers wait for the running round to drain. Either way a
-*collection window* lets simultaneous arrivals start together when nothing runs.
+*collection window* lets simultaneous arrivals start together when nothing runs: it
+closes ``window`` after the latest pending arrival, so a burst of requests arriving a
+little apart (HTTP requests parsed one after another) starts as one batch, but never
+later than :data:`WINDOW_SPAN` windows after the first arrival; a request alone waits
+one window, as before.
 """
 
 from __future__ import annotations
@@ -214,6 +218,10 @@ class Drained(Generic[C]):
 
 _NO_HANDLE = SlotHandle(-1, -1)  # a free slot's (never handed out)
 
+WINDOW_SPAN = 5
+"""The most windows a collection may last from its first arrival while arrivals keep
+coming (each extends it to its own arrival plus a window)."""
+
 MAX_AHEAD = 3
 """Engine calls a member may decode past its owner's oldest unread chunk
 (:meth:`BatchScheduler.held`): one sentence a call for Piper's streams, so at most four
@@ -380,7 +388,7 @@ class BatchScheduler(Generic[C]):
         elif self._pending and not running and self._window_open(now):
             held = Reason.COLLECTION_WINDOW
             if not finish:
-                return WaitUntil(self._slots[self._pending[0]].arrived + self.window)
+                return WaitUntil(self._window_end())
         elif self._pending:
             while self._pending:
                 join.append(self._join(self._pending.popleft()))
@@ -590,4 +598,11 @@ class BatchScheduler(Generic[C]):
 
     def _window_open(self, now: float) -> bool:
         full = len(self._pending) >= self.max_batch
-        return not full and now < self._slots[self._pending[0]].arrived + self.window
+        return not full and now < self._window_end()
+
+    def _window_end(self) -> float:
+        """When the collection window of the pending members closes: a window after the
+        latest arrival, at most :data:`WINDOW_SPAN` windows after the first."""
+        first = self._slots[self._pending[0]].arrived
+        latest = self._slots[self._pending[-1]].arrived  # arrival order
+        return min(latest + self.window, first + WINDOW_SPAN * self.window)

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from core.batching import (
     MAX_AHEAD,
+    WINDOW_SPAN,
     Ack,
     BatchScheduler,
     Chunk,
@@ -205,11 +206,24 @@ def test_max_steps_stops_member() -> None:
 def test_collection_window_starts_simultaneous_arrivals_together() -> None:
     s: BatchScheduler[str] = BatchScheduler(3, window=0.008)
     a = launch(s, "a", 0.0)
-    assert s.poll(0.0) == WaitUntil(0.008)
+    assert s.poll(0.0) == WaitUntil(0.008)  # a request alone waits one window
     b = launch(s, "b", 0.004)
-    assert s.poll(0.004) == WaitUntil(0.008)  # the window is not extended
-    p = plan(s, 0.008)
+    assert s.poll(0.004) == WaitUntil(0.012)  # a window after the latest arrival
+    assert s.poll(0.011) == WaitUntil(0.012)
+    p = plan(s, 0.012)
     assert p.join == (a, b) and p.advance == (a, b)
+
+
+def test_a_burst_of_arrivals_is_collected_for_at_most_the_window_span() -> None:
+    """Arrivals a little apart keep the window open, but not past WINDOW_SPAN windows from
+    the first: a steady trickle cannot hold the batch back."""
+    s: BatchScheduler[str] = BatchScheduler(100, window=0.008)
+    handles = [launch(s, "0", 0.0)]
+    for i in range(1, 7):  # every 6 ms, the last at 36 ms
+        handles.append(launch(s, str(i), 0.006 * i))
+        assert s.poll(0.006 * i) == WaitUntil(min(0.006 * i + 0.008, WINDOW_SPAN * 0.008))
+    p = plan(s, WINDOW_SPAN * 0.008)
+    assert p.join == tuple(handles)
 
 
 def test_full_pending_starts_at_once() -> None:

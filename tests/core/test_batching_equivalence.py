@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from core.batching import (
+    WINDOW_SPAN,
     BatchScheduler,
     Finish,
     Idle,
@@ -57,6 +58,11 @@ class Walk:
         self.pending.append(index)
         return SlotHandle(index, self.slots[index].epoch)
 
+    def _window_end(self) -> float:
+        """A window after the latest pending arrival, at most WINDOW_SPAN after the first."""
+        arrivals = [self.slots[i].arrived for i in self.pending]
+        return min(max(arrivals) + self.window, arrivals[0] + WINDOW_SPAN * self.window)
+
     def poll(self, now: float) -> Idle | WaitUntil | StepPlan:
         finish = []
         for index, slot in enumerate(self.slots):
@@ -73,15 +79,10 @@ class Walk:
         full = len(self.pending) >= self.max_batch
         if self.pending and running and not self.continuous:
             held = Reason.ROUND_RUNNING
-        elif (
-            self.pending
-            and not running
-            and not full
-            and now < self.slots[self.pending[0]].arrived + self.window
-        ):
+        elif self.pending and not running and not full and now < self._window_end():
             held = Reason.COLLECTION_WINDOW
             if not finish:
-                return WaitUntil(self.slots[self.pending[0]].arrived + self.window)
+                return WaitUntil(self._window_end())
         elif self.pending:
             while self.pending:
                 index = self.pending.popleft()
