@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import attrs
@@ -60,6 +61,7 @@ class VoxpoolReplica:
         self.app_name = app_name
         self.directory = directory(app_name)
         self.epoch, self.done = "", 0  # how far this replica ran the directory's command log
+        self.handling: Counter[str] = Counter()  # the models of the requests being served here
         self._stop = asyncio.Event()
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._life = asyncio.ensure_future(self._hold(started))
@@ -89,24 +91,31 @@ class VoxpoolReplica:
     async def handle(self, request: Forwarded) -> AsyncIterator[Part]:
         """Serve one forwarded request; yield its response head, then its body."""
         model = serve.get_multiplexed_model_id()
-        if model:
-            await self.resident(model)
+        self.handling[model] += 1
         try:
+            if model:
+                await self.resident(model)
             async for part in replay(self.app, request):
                 yield (
                     attrs.evolve(part, replica=self.replica_id) if isinstance(part, Start) else part
                 )
         finally:
+            self.handling -= Counter({model: 1})
             self._trim()
 
     def _trim(self) -> None:
-        """Bring Ray's list of this replica's models in line with the runtime's."""
+        """Bring Ray's list of this replica's models in line with the runtime's.
+
+        A model stays listed while a request for it is being served here, even
+        before the runtime has admitted it (its upload still being read): a
+        report trimming it then would lose the load that request makes.
+        """
         kept = {
             row.id
             for row in self.state.runtime.status()
             if row.loaded or row.active_slots or row.queued_requests
         }
-        multiplex.trim(self, kept)
+        multiplex.trim(self, kept | set(self.handling))
 
     def report(self) -> Report:
         """This replica's ``/v1/models`` rows and ``/metrics`` as the directory keeps them
