@@ -12,12 +12,15 @@ of the request are stand-ins; the live cluster test is test_ray_serve.py.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("ray")
 
@@ -166,3 +169,110 @@ def test_two_requests_for_one_model_keep_it_listed_until_the_last_one_ends(
         return while_one_runs, multiplex.listed(owner)
 
     assert asyncio.run(scenario()) == (["silero_vad"], [])
+
+
+# ---- any interleaving of requests, loads, unloads and reports -------------------------------
+
+MODELS = ("a", "b")
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("start"), st.sampled_from(MODELS)),
+        st.tuples(st.just("admit"), st.integers(0, 5)),
+        st.tuples(st.just("load"), st.integers(0, 5)),
+        st.tuples(st.just("finish"), st.integers(0, 5)),
+        st.tuples(st.just("unload"), st.sampled_from(MODELS)),
+        st.tuples(st.just("report")),
+    ),
+    max_size=30,
+)
+
+
+class Fleet:
+    """One replica's requests as scripted steps: each request's replay waits to be admitted
+    (then counts as active in the runtime's rows), may load its model, and waits to finish.
+    Ray's multiplexed model id is the request's (a context variable of its task)."""
+
+    def __init__(self, owner: VoxpoolReplica, runtime: Runtime) -> None:
+        self.owner, self.runtime = owner, runtime
+        self.rows = {m: Row(m) for m in MODELS}
+        self.requests: list[tuple[str, asyncio.Event, asyncio.Event, asyncio.Task[None]]] = []
+        self.admitted: set[int] = set()
+        self.finished: set[int] = set()
+
+    def publish(self) -> None:
+        self.runtime.rows = [r for r in self.rows.values() if r.loaded or r.active_slots]
+
+    async def replay(self, app: Any, request: Forwarded) -> AsyncIterator[Part]:
+        model, admit, finish, _ = self.requests[int(request.path.rsplit("/", 1)[1])]
+        await admit.wait()
+        self.rows[model].active_slots += 1
+        self.publish()
+        try:
+            await finish.wait()
+            yield Start(200, ())
+        finally:
+            self.rows[model].active_slots -= 1
+            self.publish()
+
+    def start(self, model: str) -> None:
+        request = attrs.evolve(REQUEST, path=f"/v1/audio/vad/{len(self.requests)}")
+
+        async def own() -> None:
+            MODEL_ID.set(model)
+            async for _ in self.owner.handle(request):
+                pass
+
+        self.requests.append(
+            (model, asyncio.Event(), asyncio.Event(), asyncio.ensure_future(own()))
+        )
+
+    def must_be_listed(self) -> set[str]:
+        serving = {m for i, (m, *_) in enumerate(self.requests) if i not in self.finished}
+        return serving | {r.id for r in self.runtime.rows}
+
+
+MODEL_ID: contextvars.ContextVar[str] = contextvars.ContextVar("model_id", default="")
+
+
+@given(ops=OPS)
+@settings(max_examples=150, deadline=None)
+def test_a_model_in_use_on_the_replica_is_always_listed(ops: list[tuple[Any, ...]]) -> None:
+    """Whatever the order of requests (listed, admitted, loading, finishing), loads, unloads
+    and the reporter's trims, Ray lists every model the replica serves or keeps, and after a
+    trim only those (found from scratch before the fix: a start, then a report)."""
+    owner, runtime = a_replica()
+    fleet = Fleet(owner, runtime)
+
+    async def play() -> None:
+        for op in ops:
+            if op[0] == "start":
+                fleet.start(op[1])
+            elif op[0] in ("admit", "load", "finish") and op[1] < len(fleet.requests):
+                model, admit, finish, _ = fleet.requests[op[1]]
+                if op[0] == "admit":
+                    admit.set()
+                    fleet.admitted.add(op[1])
+                elif op[0] == "load" and op[1] in fleet.admitted - fleet.finished:
+                    fleet.rows[model].loaded = True
+                    fleet.publish()
+                elif op[0] == "finish" and op[1] in fleet.admitted:
+                    finish.set()
+                    fleet.finished.add(op[1])
+            elif op[0] == "unload" and not fleet.rows[op[1]].active_slots:
+                fleet.rows[op[1]].loaded = False
+                fleet.publish()
+            elif op[0] == "report":
+                owner._trim()
+                assert set(multiplex.listed(owner)) == fleet.must_be_listed()
+            for _ in range(5):  # let the requests reach their next wait
+                await asyncio.sleep(0)
+            assert fleet.must_be_listed() <= set(multiplex.listed(owner)), op
+        for _, admit, finish, task in fleet.requests:
+            admit.set()
+            finish.set()
+            await task
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replica, "replay", fleet.replay)
+        patch.setattr(serve, "get_multiplexed_model_id", MODEL_ID.get)
+        asyncio.run(play())
