@@ -168,9 +168,35 @@ def _tile_columns(t: int, channels: int) -> int:
     """Columns of one tile of the per-tap paths over ``t`` columns of ``channels`` rows: at
     least :data:`MIN_TILE` on one core; when the caller has several, down to
     :data:`MIN_SPLIT_TILE` so that a short wide conv (the flow's, 255 frames at 384
-    channels) is split too rather than left to OpenBLAS's threads."""
+    channels) is split too rather than left to OpenBLAS's threads. The tiles are an even
+    number of one width (:data:`EVEN_TILES`): five tiles of 8,192 columns and one of 2,816
+    (a short sentence's last HiFi-GAN stage) gave one of two cores 56% of the work; six of
+    7,296 take 0.97 of the time at two threads (docs/performance.md, "Session 21")."""
     floor = MIN_TILE if parallel.SHARE.share() <= 1 else MIN_SPLIT_TILE
-    return max(floor, min(t, TAPS_TILE // channels, -(-t // SPLIT_TILES)))
+    widest = max(floor, min(t, TAPS_TILE // channels, -(-t // SPLIT_TILES)))
+    if not EVEN_TILES:
+        return widest
+    tiles = -(-t // widest)
+    if tiles > 1 and tiles % 2:  # an even count of tiles of one width: two cores, equal runs
+        tiles += 1 if _step_width(t, tiles + 1) >= floor else -1
+    return max(floor, _step_width(t, tiles))
+
+
+def _step_width(t: int, tiles: int) -> int:
+    """The narrowest multiple of :data:`TILE_STEP` that cuts ``t`` columns into ``tiles``."""
+    return TILE_STEP * -(-t // (tiles * TILE_STEP))
+
+
+TILE_STEP = 16
+"""Tile widths (but a single tile's) are a multiple of this: tiles start on 64-byte
+boundaries of a row and on a block boundary of every Winograd transform here (2 or 4
+outputs a block), whatever the number of tiles."""
+
+
+EVEN_TILES = True
+"""Cut a conv's columns into an even number of tiles of (nearly) one width, at most as wide
+as the widest a tile may be (:func:`_tile_columns`); False: tiles of the widest width and a
+short last one (for comparisons)."""
 
 
 USE_TAPS = True

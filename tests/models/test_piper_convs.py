@@ -600,3 +600,33 @@ def test_conv_rows_refuses_parts_that_do_not_cover_its_rows_once(parts: list[Any
     with pytest.raises(ValueError, match="int64"):
         blas.conv_rows(big[:32], taps, src, 0, 1, np.array([(0, 32)], np.int32), 1)
     assert not big.any()
+
+
+@pytest.mark.parametrize("share", [1, 2])
+def test_a_convs_tiles_are_an_even_count_of_one_width(
+    share: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columns cut into tiles (the per-tap paths' :func:`host._tile_columns`): never wider
+    than a tile may be, of one width (a multiple of 16, tiles starting on Winograd block
+    boundaries) but for a short last one, and an even count where there are several, so
+    that two cores get runs of equal length (stage 2 of a short sentence, 43,776 columns
+    of 32 channels, was five tiles of 8,192 and one of 2,816: 56% of the work on one core)."""
+    from backends import parallel
+    from backends.piper import host
+
+    monkeypatch.setattr(parallel.SHARE, "share", lambda: share)
+    floor = host.MIN_TILE if share == 1 else host.MIN_SPLIT_TILE
+    for channels in (32, 64, 128, 192, 384):
+        widest_allowed = max(floor, host.TAPS_TILE // channels)
+        for t in (*range(1, 2_000, 37), 10_944, 43_776, 87_552, 100_001):
+            tile = host._tile_columns(t, channels)
+            tiles = -(-t // tile)
+            if tiles == 1:
+                continue
+            assert tile % host.TILE_STEP == 0 and tile >= floor, (t, channels, tile)
+            assert tile <= max(widest_allowed, -(-t // host.SPLIT_TILES)) + host.TILE_STEP
+            assert tiles % 2 == 0, (t, channels, tile)
+    monkeypatch.setattr(host, "EVEN_TILES", False)
+    assert -(-43_776 // host._tile_columns(43_776, 32)) == 6
+    monkeypatch.setattr(host, "EVEN_TILES", True)
+    assert host._tile_columns(43_776, 32) == 7_296  # six tiles of 7,296 columns
