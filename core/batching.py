@@ -385,10 +385,10 @@ class BatchScheduler(Generic[C]):
         held = Reason.GRANTED
         if self._pending and running and not self.join_between_steps:
             held = Reason.ROUND_RUNNING
-        elif self._pending and not running and self._window_open(now):
+        elif self._pending and not running and (end := self._window_end(now)) is not None:
             held = Reason.COLLECTION_WINDOW
             if not finish:
-                return WaitUntil(self._window_end())
+                return WaitUntil(end)
         elif self._pending:
             while self._pending:
                 join.append(self._join(self._pending.popleft()))
@@ -596,13 +596,13 @@ class BatchScheduler(Generic[C]):
                 finish.append(Finish(slot.handle, emit, slot.stop_reason))
         return finish
 
-    def _window_open(self, now: float) -> bool:
-        full = len(self._pending) >= self.max_batch
-        return not full and now < self._window_end()
-
-    def _window_end(self) -> float:
-        """When the collection window of the pending members closes: a window after the
-        latest arrival, at most :data:`WINDOW_SPAN` windows after the first."""
+    def _window_end(self, now: float) -> float | None:
+        """When the pending members' collection window closes, while it is open at ``now``
+        (None once it closed, or when the pending members fill the batch): a window after
+        the latest arrival, at most :data:`WINDOW_SPAN` windows after the first."""
+        if len(self._pending) >= self.max_batch:
+            return None
         first = self._slots[self._pending[0]].arrived
         latest = self._slots[self._pending[-1]].arrived  # arrival order
-        return min(latest + self.window, first + WINDOW_SPAN * self.window)
+        end = min(latest + self.window, first + WINDOW_SPAN * self.window)
+        return end if now < end else None

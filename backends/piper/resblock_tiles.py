@@ -26,6 +26,7 @@ was not found), and the caller checks every operand before the compiled loop run
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -159,13 +160,7 @@ def run(
         or not counter_and_gaps_fit(counter, gaps, t)
     ):
         raise ValueError("resblock_tiles.run: operands of the wrong shape, dtype or layout")
-    if (
-        np.may_share_memory(x, out)
-        or any(np.may_share_memory(a, b) for a in (x, out) for b in buffers)
-        or np.may_share_memory(xa, y)
-        or np.may_share_memory(xa, ya)
-        or np.may_share_memory(y, ya)
-    ):
+    if any(np.may_share_memory(a, b) for a, b in itertools.combinations((x, out, *buffers), 2)):
         raise ValueError("resblock_tiles.run: out or a buffer overlaps an input")
     scale = np.float32(1.0 / packed.meta.shape[0])
     return int(

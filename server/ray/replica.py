@@ -115,7 +115,7 @@ class VoxpoolReplica:
             for row in self.state.runtime.status()
             if row.loaded or row.active_slots or row.queued_requests
         }
-        multiplex.trim(self, kept | set(self.handling))
+        multiplex.trim(self, kept | self.handling.keys())
 
     def report(self) -> Report:
         """This replica's ``/v1/models`` rows and ``/metrics`` as the directory keeps them

@@ -1,14 +1,21 @@
 """A fake batched engine for the runtime's live-member tests (tests/runtime/test_batched_live.py,
-tests/runtime/test_batched_stress.py): it echoes its members' input."""
+tests/runtime/test_batched_stress.py, tests/runtime/test_live_window.py): it echoes its
+members' input; and the provider, owners and helpers those tests drive it with."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
+import anyio.abc
 import attrs
 
-from core.engine import Emitted, Feed, Member
+from core.engine import BatchEngine, Emitted, Feed, Member
+from core.pool import SessionFactory
+from server.runtime import ModelSpec, Runtime, RuntimeConfig
+from server.runtime.ports import SystemClock
+from sim.fakes import FakeProvider, FakeScript
 
 BOOM = "boom"
 """A piece that fails its member."""
@@ -63,3 +70,87 @@ class EchoEngine:
 
     def close(self) -> None:
         assert not self.feeds, "closed with members"
+
+
+HANG_GUARD_S = 10.0  # a guard against a hang, not a verdict on speed
+
+
+class LiveProvider(FakeProvider):
+    """Fake sessions, an :class:`~tests.runtime.live_fakes.EchoEngine`; a step takes its
+    input, then waits at the gate while closed (so a push can land after the take, before
+    the step ends)."""
+
+    def __init__(self, per_step: int = 1_000) -> None:
+        script = FakeScript(load_time=0.0, create_time=0.0, clone_time=0.0, close_time=0.0)
+        super().__init__(SystemClock(), {"m": script})
+        self.per_step = per_step
+        self.live: EchoEngine | None = None
+        self.gate = anyio.Event()
+        self.gate.set()
+        self.in_step = anyio.Event()
+
+    async def engine(self, factory: SessionFactory, max_batch: int) -> BatchEngine:
+        self.live = EchoEngine(max_batch, self.per_step)
+        return self.live
+
+    async def join(self, engine: BatchEngine, members: Sequence[Member]) -> list[Emitted]:
+        return engine.join(members)
+
+    async def step(self, engine: BatchEngine, keys: Sequence[int]) -> list[Emitted]:
+        out = engine.step(keys)
+        self.in_step.set()
+        await self.gate.wait()
+        return out
+
+    async def leave(self, engine: BatchEngine, key: int) -> None:
+        engine.leave(key)
+
+    async def close_engine(self, engine: BatchEngine) -> None:
+        engine.close()
+
+    def hold_steps(self) -> None:
+        self.gate, self.in_step = anyio.Event(), anyio.Event()
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Wait until ``predicate()`` holds (observable state), polling the event loop."""
+    with anyio.fail_after(HANG_GUARD_S):
+        while not predicate():
+            await anyio.sleep(0.001)
+
+
+class Owners:
+    """Live streams on model ``m``: each owner reads its chunks into ``got``."""
+
+    @classmethod
+    async def open(cls, rt: Runtime, tg: anyio.abc.TaskGroup, count: int) -> Owners:
+        """Load the model, then open ``count`` streams."""
+        await rt.load_model("m")
+        return cls(rt, tg, count)
+
+    def __init__(self, rt: Runtime, tg: anyio.abc.TaskGroup, count: int) -> None:
+        self.feeds = [Feed() for _ in range(count)]
+        self.got: list[list[Any]] = [[] for _ in range(count)]
+        self.ended = [False] * count
+        self.scopes = [anyio.CancelScope() for _ in range(count)]
+        for i in range(count):
+            tg.start_soon(self._own, rt, i)
+
+    async def _own(self, rt: Runtime, i: int) -> None:
+        with self.scopes[i]:
+            async with rt.open_stream("m", {}, feed=self.feeds[i]) as chunks:
+                async for chunk in chunks:
+                    self.got[i].append(chunk)
+            self.ended[i] = True
+
+
+def runtime(provider: LiveProvider, slots: int = 3) -> Runtime:
+    rt = Runtime(provider, RuntimeConfig(busy_timeout_ms=0))
+    rt.add_model(ModelSpec("m", "fake", slots=slots, batching=True))
+    return rt
+
+
+def steps(provider: LiveProvider, owners: Owners) -> list[tuple[int, ...]]:
+    """Each step's members, as owner numbers (an owner's slot is whichever it launched into)."""
+    assert provider.live is not None
+    return [tuple(sorted(owners.feeds.index(f) for f in step)) for step in provider.live.steps]

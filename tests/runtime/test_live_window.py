@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from core.engine import BatchEngine, Emitted
-from tests.runtime.test_batched_live import LiveProvider, Owners, runtime, steps, until
+from tests.runtime.live_fakes import LiveProvider, Owners, runtime, steps, until
 
 WINDOW = 0.004
 Seen = tuple[list[float], list[tuple[int, ...]]]
