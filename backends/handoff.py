@@ -45,11 +45,13 @@ from numba.core import types
 from numba.np.numpy_support import carray as _carray
 
 from backends import kernels, placement
+from backends.intrinsics import HALVES
 from backends.intrinsics import X86 as _X86
 from backends.intrinsics import add as _add
 from backends.intrinsics import call as _call
 from backends.intrinsics import cycles as _cycles
 from backends.intrinsics import floats as _floats
+from backends.intrinsics import halves as _halves
 from backends.intrinsics import ints as _ints
 from backends.intrinsics import load as _load
 from backends.intrinsics import pause as _pause
@@ -107,6 +109,24 @@ def _slot(board: Any, index: Any) -> Any:  # pragma: no cover - compiled
     return _address(board) + 8 * index
 
 
+def _halves_product(
+    x: Any, address: Any, count: Any, bias: Any, out: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """:func:`backends.kernels.panel_rows` by the panels of halves' bits at ``address``."""
+    halves = carray(_halves(address), (count, x.shape[1], kernels.PANEL))
+    kernels.panel_rows(x, halves, bias, out, lo, hi)
+
+
+def _no_halves(
+    x: Any, address: Any, count: Any, bias: Any, out: Any, lo: Any, hi: Any
+) -> None:  # pragma: no cover - compiled
+    """Where halves do not convert by an instruction nothing posts them (and compiling their
+    conversion would link a helper numba lacks)."""
+
+
+_halves_rows = kernels.compiled(_halves_product if HALVES else _no_halves)
+
+
 @kernels.compiled
 def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
     """Runs piece ``piece`` of the board's job. Nothing in it allocates or raises (the job's
@@ -116,12 +136,15 @@ def _piece(board: Any, piece: Any) -> None:  # pragma: no cover - compiled
     if board[KIND] == PRODUCT:
         rows, depth, count, cols = a[1], a[2], a[4], a[7]
         x = carray(_floats(a[0]), (rows, depth))
-        panels = carray(_floats(a[3]), (count, depth, kernels.PANEL))
         bias = carray(_floats(a[5]), (count * kernels.PANEL,))
         out = carray(_floats(a[6]), (rows, cols))
         part = carray(_ints(a[8]), (board[COUNT], 4))[piece]
         r0, r1 = part[0], part[1]
-        kernels.panel_rows(x[r0:r1], panels, bias, out[r0:r1], part[2], part[3])
+        if a[9]:  # halves' bits (posted only where HALVES)
+            _halves_rows(x[r0:r1], a[3], count, bias, out[r0:r1], part[2], part[3])
+        else:
+            panels = carray(_floats(a[3]), (count, depth, kernels.PANEL))
+            kernels.panel_rows(x[r0:r1], panels, bias, out[r0:r1], part[2], part[3])
     elif board[KIND] == CONV:
         _conv_rows(a, piece)
     else:
@@ -232,7 +255,7 @@ _PARTS = kernels.array_type(2, types.int64, readonly=True)
 _ADDRESSES = kernels.array_type(1, types.int64, readonly=True)
 
 
-@kernels.kernel(types.void(_BOARD, _IN2, _IN3, _IN1, _OUT2, _PARTS, _I64))
+@kernels.kernel([types.void(_BOARD, _IN2, p, _IN1, _OUT2, _PARTS, _I64) for p in kernels.PANELS])
 def _post_product(
     board: Any, x: Any, panels: Any, bias: Any, out: Any, parts: Any, lanes: Any
 ) -> None:  # pragma: no cover - compiled
@@ -257,6 +280,7 @@ def _post_product(
     a[0], a[1], a[2] = _address(x), x.shape[0], x.shape[1]
     a[3], a[4], a[5] = _address(panels), panels.shape[0], _address(bias)
     a[6], a[7], a[8] = _address(out), out.shape[1], _address(parts)
+    a[9] = 1 if panels.itemsize == 2 else 0  # halves' bits (the only 2-byte panels)
     board[KIND] = PRODUCT
     board[COUNT] = parts.shape[0]
     board[LANES] = lanes

@@ -3,6 +3,7 @@
 Each is a few lines of LLVM IR that numba inlines where a compiled function calls it:
 atomic loads, stores, adds and compare-and-swaps on an int64 at an address (the
 hand-over board of :mod:`backends.handoff`, a shared tile counter), the x86 ``pause``,
+an IEEE half's bits as its float32 value (:func:`widen`),
 the cycle counter, a call of a C function by its address, and ``C += A @ B`` by the
 BLAS's ILP64 ``cblas_sgemm`` at an address (:data:`backends.piper.blas.ADDRESS`), so a
 compiled loop calls the BLAS without the GIL and without ctypes' per-call argument
@@ -15,11 +16,30 @@ import platform
 from collections.abc import Callable
 from typing import Any, cast
 
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba.core import cgutils, types
+from numba.core import config as _numba_config
 from numba.extending import intrinsic
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+_config: Any = _numba_config
+"""numba's settings (not typed: set by name)."""
+
+
+def _has_half_conversion() -> bool:
+    """Whether compiled code here converts halves by an instruction: an x86-64 CPU with F16C
+    (every AVX2 one) for which numba compiles (its default, the host CPU). Elsewhere LLVM
+    calls a runtime helper that numba does not link: the call crashes the process (seen
+    with ``NUMBA_CPU_NAME=generic``), so halves are not used there."""
+    if not X86 or _config.CPU_NAME not in (None, "host") or _config.CPU_FEATURES:
+        return False
+    return bool(binding.get_host_cpu_features().get("f16c", False))
+
+
+HALVES = _has_half_conversion()
+"""Whether :func:`widen` may be compiled for a uint16 (halves' bits): packed weights
+(:mod:`backends.panels`) are stored as halves only where it is true."""
 
 
 def _function(builder: Any, signature: Any, name: str) -> Any:
@@ -127,6 +147,30 @@ def _sgemm_typing(
     return types.void(*([types.int64] * 10)), codegen
 
 
+def _widen_typing(typingctx: Any, value: Any) -> Any:
+    if value == types.float32:
+
+        def same(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            return args[0]
+
+        return types.float32(types.float32), same
+    if value != types.uint16:
+        return None
+
+    def convert(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), convert
+
+
+def _half_pointer_typing(typingctx: Any, address: Any) -> Any:
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], ir.IntType(16).as_pointer())
+
+    pointer: Any = types.CPointer
+    return pointer(types.uint16)(types.int64), codegen
+
+
 def _intrinsic(typing: Callable[..., Any]) -> Callable[..., Any]:
     return cast(Callable[..., Any], intrinsic(typing))
 
@@ -145,6 +189,12 @@ cycles = _intrinsic(_cycles_typing)
 """``cycles()``: the CPU's cycle counter."""
 floats = _intrinsic(_pointer_typing)
 """``floats(address)``: a float32 pointer (for ``numba.carray``)."""
+halves = _intrinsic(_half_pointer_typing)
+"""``halves(address)``: a uint16 pointer (halves' bits, for ``numba.carray``)."""
+widen = _intrinsic(_widen_typing)
+"""``widen(w)``: a weight's element as float32: a float32 as it is, a uint16 as the value of
+the IEEE half whose bits it holds (exact: every half is a float32; F16C's conversion, which
+LLVM vectorizes; only where :data:`HALVES`)."""
 ints = _intrinsic(_int_pointer_typing)
 """``ints(address)``: an int64 pointer (for ``numba.carray``)."""
 sgemm = _intrinsic(_sgemm_typing)

@@ -63,6 +63,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from backends import erf, kernel_cache
 from backends.erf import ERF_ALPHA, ERF_BETA
+from backends.intrinsics import HALVES, widen
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -120,11 +121,12 @@ _NUMBA: Any = _numba_config
 
 
 def kernel(signature: Any, slp: bool = False) -> Callable[[F], F]:
-    """A kernel compiled for ``signature`` when this module is imported (or loaded from the
-    cache): never in a request, and other argument types are refused (TypeError) rather
-    than compiled. ``slp``: with LLVM's SLP vectorizer (off in numba by default), which
-    turns the fully unrolled lanes of :func:`_one_row` into vector operations; it is on only
-    while this kernel (and the helpers it calls, compiled with it) is compiled."""
+    """A kernel compiled for ``signature`` (or each of a list) when this module is imported
+    (or loaded from the cache): never in a request, and other argument types are refused
+    (TypeError) rather than compiled. ``slp``: with LLVM's SLP vectorizer (off in numba by
+    default), which turns the fully unrolled lanes of :func:`_one_row` into vector
+    operations; it is on only while this kernel (and the helpers it calls, compiled with
+    it) is compiled."""
 
     def compile_now(function: F) -> F:
         before = _NUMBA.SLP_VECTORIZE
@@ -386,8 +388,8 @@ def _one_row(
         for k in range(depth):
             wa, wb, s = a[k], b[k], x[k]
             for j in range(PANEL):
-                acc[j] += s * wa[j]
-                acc[PANEL + j] += s * wb[j]
+                acc[j] += s * widen(wa[j])
+                acc[PANEL + j] += s * widen(wb[j])
         for j in range(PANEL):
             tile[0, j] = acc[j]
             tile[1, j] = acc[PANEL + j]
@@ -433,24 +435,32 @@ def panel_rows(
                 w = panel[k]
                 s0, s1, s2, s3 = x0[k], x1[k], x2[k], x3[k]
                 for j in range(PANEL):
-                    acc[j] += s0 * w[j]
-                    acc[PANEL + j] += s1 * w[j]
-                    acc[2 * PANEL + j] += s2 * w[j]
-                    acc[3 * PANEL + j] += s3 * w[j]
+                    wj = widen(w[j])
+                    acc[j] += s0 * wj
+                    acc[PANEL + j] += s1 * wj
+                    acc[2 * PANEL + j] += s2 * wj
+                    acc[3 * PANEL + j] += s3 * wj
             for r in range(4):
                 for j in range(PANEL):
                     tile[r, j] = acc[r * PANEL + j]
             _store(tile, min(4, rows - m0), out, m0, start)
 
 
-@kernel(types.void(_IN2, _IN3, _IN1, _OUT2, types.int64, types.int64), slp=True)
+PANELS = (_IN3, array_type(3, types.uint16, readonly=True)) if HALVES else (_IN3,)
+"""The panels a product takes: float32, and where halves convert by an instruction
+(:data:`backends.intrinsics.HALVES`) also halves' bits (uint16)."""
+
+
+@kernel([types.void(_IN2, p, _IN1, _OUT2, types.int64, types.int64) for p in PANELS], slp=True)
 def panel_product(
     x: Any, panels: Any, bias: Any, out: Any, lo: Any, hi: Any
 ) -> None:  # pragma: no cover - compiled
     """``out[:, j] = bias[j] + sum_k x[:, k] * w[j, k]`` for the columns of panels ``lo`` to
     ``hi`` of a weight ``w [n, K]`` packed as ``panels [ceil(n / PANEL), K, PANEL]``
     (``panels[q, k, i] = w[q * PANEL + i, k]``, :func:`backends.panels.pack`); ``x [M, K]``,
-    ``bias`` one value a panel column (``[panels * PANEL]``), ``out [M, n]``.
+    ``bias`` one value a panel column (``[panels * PANEL]``), ``out [M, n]``. Panels of
+    halves' bits (uint16) are read as their float32 values: the same products, the same
+    bits, half the bytes.
 
     Each output is its bias plus the terms in ascending ``k``, a multiply then an add each,
     whatever ``M`` and the range: rows go in blocks of four (the block's 8 accumulators in
@@ -600,6 +610,23 @@ def gate_rows(a: Any, lda: Any, b: Any, ldb: Any, rows: Any, n: Any) -> None:  #
             ra[j] = (sign * tanh) * (top * sigmoid)
 
 
+def _check_halves() -> None:
+    """A product by halves' bits equals the product by their float32 values bit for bit
+    (normal, subnormal and signed-zero halves): else the CPU's conversion is not what
+    :func:`backends.intrinsics.widen` assumes, and loading refuses to run on it."""
+    every = np.arange(1 << 16, dtype=np.uint16)
+    finite = every[np.isfinite(every.view(np.float16))]
+    depth = 64
+    bits = finite[: (finite.size // (depth * PANEL)) * depth * PANEL].reshape(-1, depth, PANEL)
+    x = np.linspace(-2.0, 2.0, 3 * depth, dtype=np.float32).reshape(3, depth)
+    bias = np.zeros(bits.shape[0] * PANEL, np.float32)
+    got, want = (np.empty((3, bits.shape[0] * PANEL), np.float32) for _ in range(2))
+    panel_product(x, bits, bias, got, 0, bits.shape[0])
+    panel_product(x, bits.view(np.float16).astype(np.float32), bias, want, 0, bits.shape[0])
+    if not np.array_equal(got, want):
+        raise RuntimeError("backends.kernels.panel_product: halves differ from their float32")
+
+
 def _first_calls() -> None:
     """Each kernel called once on a tiny input when the module is imported: numba's first
     call of a dispatcher imports modules of its own (``numpy.ma``), which belongs to loading
@@ -623,6 +650,8 @@ def _first_calls() -> None:
     query_attention(rows, keys, keys.reshape(1, 1, 8), np.float32(1), sums, np.zeros_like(rows))
     panels, bias = np.zeros((1, 8, PANEL), np.float32), np.zeros(PANEL, np.float32)
     panel_product(rows, panels, bias, np.zeros((1, PANEL), np.float32), 0, 1)
+    if HALVES:
+        _check_halves()
     interleave_phases(rows, 1, np.zeros((1, 8), np.float32), 0, 0, 1)
     flat, ld = flat_rows(rows, writeable=True)
     leaky_rows(flat, ld, np.float32(0.1), flat.copy(), ld, 1, 8)

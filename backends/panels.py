@@ -10,6 +10,14 @@ once, when the model is loaded (the same bytes as the checkpoint's: it replaces
 that copy), and :func:`linear` multiplies rows by it with
 :func:`backends.kernels.panel_product`, which reads each panel once for all rows.
 
+A weight whose every value is a half-precision number (Whisper's checkpoints are
+stored as float16, so every weight of theirs is) is packed as the halves' bits
+where the CPU converts halves by an instruction (:data:`backends.intrinsics.HALVES`):
+a product reads half the bytes, and since a half's float32 value is exact, its
+outputs are the float32 panels' bits. A decoding step reads its weights from
+memory (one core: about 2 ms a step for the 80 MB vocabulary projection), so it
+takes what reading takes.
+
 Every output is its bias plus the terms in ascending order, so a row's values are
 the same bits whether it is alone or one of a batch's rows, and whichever core
 computes its columns. On several cores the panels are split into pieces
@@ -26,6 +34,7 @@ import attrs
 import numpy as np
 
 from backends import handoff, kernels, parallel
+from backends.intrinsics import HALVES
 
 PANEL = kernels.PANEL
 
@@ -52,9 +61,10 @@ a prompt's tokens or the alignment pass's positions are compute, not memory."""
 class PackedWeight:
     """A linear layer's weight ``w [out, in]`` as panels of :data:`PANEL` output rows:
     ``panels[q, k, j] = w[q * PANEL + j, k]``, zero past ``out`` (each panel one contiguous
-    block, read from start to end by a product)."""
+    block, read from start to end by a product); float32, or the bits of halves (uint16)
+    when every value is one (:func:`pack`)."""
 
-    panels: np.ndarray  # [ceil(out / PANEL), in, PANEL] float32, C-contiguous
+    panels: np.ndarray  # [ceil(out / PANEL), in, PANEL] float32 or uint16, C-contiguous
     out_features: int
     zero_bias: np.ndarray  # [ceil(out / PANEL) * PANEL]: the bias of a product without one
 
@@ -63,21 +73,38 @@ class PackedWeight:
         return int(self.panels.shape[1])
 
     @property
+    def halves(self) -> bool:
+        """Whether the panels hold halves' bits (uint16) rather than float32 values."""
+        return self.panels.dtype == np.uint16
+
+    @property
     def shape(self) -> tuple[int, int]:
         """``(out, in)``: the shape of the weight it packs."""
         return (self.out_features, self.in_features)
 
 
-def pack(w: np.ndarray) -> PackedWeight:
-    """``w [out, in]`` (any float dtype and layout) packed as float32 panels."""
+def pack(w: np.ndarray, halves: bool | None = None) -> PackedWeight:
+    """``w [out, in]`` (any float dtype and layout) packed in panels: as halves' bits when
+    ``halves`` (None: where the CPU converts them, :data:`backends.intrinsics.HALVES`) and
+    every value of ``w`` is exactly a half (in range, at most 11 significant bits, not NaN),
+    else as float32. A product's outputs are the same bits either way."""
     if w.ndim != 2:
         raise ValueError(f"pack: a weight [out, in], not shape {w.shape}")
+    if halves is None:
+        halves = HALVES
+    elif halves and not HALVES:
+        raise ValueError("pack: this CPU has no half conversion (backends.intrinsics.HALVES)")
     out_features, in_features = w.shape
     count, full = -(-out_features // PANEL), out_features // PANEL
     panels = np.zeros((count, in_features, PANEL), np.float32)  # one copy, written in place
     panels[:full] = w[: full * PANEL].reshape(full, PANEL, in_features).transpose(0, 2, 1)
     if full < count:  # a last, partial panel: its missing columns stay zero
         panels[full, :, : out_features - full * PANEL] = w[full * PANEL :].T
+    if halves:
+        with np.errstate(over="ignore"):  # out of a half's range: inf, then refused
+            as_halves = panels.astype(np.float16)
+        if np.array_equal(as_halves.astype(np.float32), panels):  # NaN, inf or rounding: no
+            panels = as_halves.view(np.uint16)
     return PackedWeight(panels, out_features, np.zeros(count * PANEL, np.float32))
 
 
@@ -92,7 +119,10 @@ def rows(p: PackedWeight, ids: np.ndarray) -> np.ndarray:
     ids = np.asarray(ids, dtype=np.intp).reshape(-1)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= p.out_features):
         raise IndexError(f"rows: ids must be in [0, {p.out_features})")
-    return np.ascontiguousarray(p.panels[ids // PANEL, :, ids % PANEL])
+    picked = p.panels[ids // PANEL, :, ids % PANEL]
+    if p.halves:
+        return picked.view(np.float16).astype(np.float32)
+    return np.ascontiguousarray(picked)
 
 
 def linear(

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import handoff, kernels, panels
+from backends.intrinsics import HALVES
 
 pytestmark = pytest.mark.skipif(not handoff.ENABLED, reason="the helpers spin on x86-64 only")
 
@@ -70,20 +71,25 @@ def _parts(rows: int, count: int, row_cuts: int, panel_cuts: int) -> np.ndarray:
     row_cuts=st.integers(1, 3),
     panel_cuts=st.integers(1, 6),
     lanes=st.integers(1, 4),
+    halves=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_a_product_in_pieces_has_the_bits_of_one_call(
     rows: int, out_features: int, depth: int, row_cuts: int, panel_cuts: int, lanes: int,
-    seed: int,
+    halves: bool, seed: int,
 ) -> None:  # fmt: skip
     """Whatever the parts and however many helpers take them, every output is the one
-    :func:`kernels.panel_product` writes in one call, and nothing outside ``out`` is touched."""
+    :func:`kernels.panel_product` writes in one call by the float32 panels (the weight's
+    values halves or not), and nothing outside ``out`` is touched."""
     rng = np.random.default_rng(seed)
-    p = panels.pack(rng.standard_normal((out_features, depth)).astype(np.float32))
+    w = rng.standard_normal((out_features, depth)).astype(np.float16 if halves else np.float32)
+    p = panels.pack(w.astype(np.float32))
+    assert p.halves == (halves and HALVES)
     x = rng.standard_normal((rows, depth)).astype(np.float32)
     bias = rng.standard_normal(p.zero_bias.shape[0]).astype(np.float32)
     want = np.empty((rows, out_features), np.float32)
-    kernels.panel_product(x, p.panels, bias, want, 0, p.panels.shape[0])
+    full = panels.pack(w.astype(np.float32), halves=False).panels
+    kernels.panel_product(x, full, bias, want, 0, p.panels.shape[0])
     parts = _parts(rows, p.panels.shape[0], row_cuts, panel_cuts)
     padded = np.full((rows + 2, out_features), np.nan, np.float32)
     got = padded[1:-1]

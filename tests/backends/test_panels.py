@@ -4,6 +4,9 @@ of a float32 sum in a fixed order, whatever rows share a call and whichever core
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -12,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends import handoff, kernels, panels, parallel
+from backends.intrinsics import HALVES
 
 
 def _in_order(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -165,6 +169,83 @@ def test_a_caller_that_finds_the_helpers_busy_uses_the_pools_pieces(
     assert busy.tobytes() == panels.linear(x, p, None, lanes=1).tobytes()
 
 
+def _halves(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """float32 values that are all halves: any finite bits, subnormals and signed zeros
+    included, a tenth of them small (the magnitudes of a checkpoint's weights)."""
+    bits = rng.integers(0, 1 << 16, shape, dtype=np.uint16)
+    bits[(bits & 0x7C00) == 0x7C00] &= 0x83FF  # inf and NaN exponents: to subnormals
+    w = bits.view(np.float16)
+    small = (w * np.float16(2.0**-14)).astype(np.float16)  # halves again (rounded)
+    return np.where(rng.random(shape) < 0.9, small, w).astype(np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 11),
+    out_features=st.integers(1, 70),
+    depth=st.integers(1, 40),
+    lanes=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_a_weight_of_halves_is_packed_as_halves_with_the_same_products(
+    rows: int, out_features: int, depth: int, lanes: int, seed: int
+) -> None:
+    """Where the CPU converts halves (F16C) a weight whose values are all halves is stored as
+    their bits, half the bytes, and every product has the float32 panels' bits."""
+    rng = np.random.default_rng(seed)
+    w = _halves(rng, (out_features, depth))
+    x = rng.standard_normal((rows, depth)).astype(np.float32) * np.float32(2.0**8)
+    bias = rng.standard_normal(out_features).astype(np.float32)
+    p, full = panels.pack(w), panels.pack(w, halves=False)
+    assert p.halves == HALVES and not full.halves
+    assert p.panels.nbytes == full.panels.nbytes // (2 if HALVES else 1)
+    assert panels.unpack(p).tobytes() == w.tobytes()
+    ids = rng.integers(0, out_features, 5)
+    assert panels.rows(p, ids).tobytes() == w[ids].tobytes()
+    want = _in_order(x, w, bias)
+    assert panels.linear(x, full, bias, lanes=1).tobytes() == want.tobytes()
+    assert panels.linear(x, p, bias, lanes=lanes).tobytes() == want.tobytes()
+
+
+def test_halves_are_split_over_cores_with_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight of halves large enough to be cut goes to the helpers and to the pool's
+    pieces (another caller holding the helpers) with the one-call bits."""
+    rng = np.random.default_rng(7)
+    w = _halves(rng, (6000, 384))
+    p = panels.pack(w)
+    x = rng.standard_normal((3, 384)).astype(np.float32)
+    one = panels.linear(x, panels.pack(w, halves=False), None, lanes=1)
+    assert panels.linear(x, p, None, lanes=2).tobytes() == one.tobytes()
+    monkeypatch.setattr(handoff, "ENABLED", False)
+    assert panels.linear(x, p, None, lanes=2).tobytes() == one.tobytes()
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [np.float32(1 + 2.0**-12), np.float32(70000.0), np.float32(1e-9), np.float32(np.nan)],
+)
+def test_a_weight_with_one_value_no_half_holds_stays_float32(odd: np.float32) -> None:
+    """One value that is not a half (too precise, out of range, under the smallest
+    subnormal, NaN) keeps the whole weight float32: the products never round."""
+    w = _halves(np.random.default_rng(8), (37, 5))
+    w[20, 3] = odd
+    p = panels.pack(w)
+    assert not p.halves and p.panels.dtype == np.float32
+    assert np.array_equal(panels.unpack(p), w, equal_nan=True)
+
+
+def test_halves_are_refused_where_the_cpu_cannot_convert_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without F16C (or with numba compiling for another CPU) asking for halves is an error,
+    and the default packs float32: the kernels were not compiled for halves there."""
+    monkeypatch.setattr(panels, "HALVES", False)
+    w = _halves(np.random.default_rng(9), (37, 5))
+    with pytest.raises(ValueError, match="half conversion"):
+        panels.pack(w, halves=True)
+    assert not panels.pack(w).halves and not panels.pack(w, halves=False).halves
+
+
 def test_rows_unpack_and_shapes() -> None:
     rng = np.random.default_rng(4)
     w = rng.standard_normal((37, 5)).astype(np.float32)
@@ -200,3 +281,25 @@ def test_the_kernel_refuses_operands_that_do_not_fit(
     with pytest.raises(ValueError, match="panel_product"):
         kernels.panel_product(x, p.panels, np.zeros(bias_len, np.float32), out, lo, hi)
     assert not out.any()
+
+
+def test_where_numba_compiles_for_another_cpu_weights_stay_float32() -> None:
+    """With numba compiling for a generic x86-64 (no F16C), a half's conversion would be a
+    call numba does not link (it crashed the process): there no kernel takes halves, and
+    a weight of halves is packed float32 with the same products."""
+    code = (
+        "import numpy as np\n"
+        "from backends import intrinsics, panels\n"
+        "w = np.arange(-40, 40, dtype=np.float16).reshape(16, 5).astype(np.float32)\n"
+        "p = panels.pack(w)\n"
+        "x = np.ones((1, 5), np.float32)\n"
+        "print(intrinsics.HALVES, p.halves, panels.linear(x, p).sum())\n"
+    )
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    w = np.arange(-40, 40, dtype=np.float16).reshape(16, 5).astype(np.float32)
+    want = panels.linear(np.ones((1, 5), np.float32), panels.pack(w, halves=False)).sum()
+    assert done.stdout.split() == ["False", "False", str(want)]

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from backends import handoff, panels, parallel
+from backends.intrinsics import HALVES
 from backends.numpy_backend import NumpyBackend
 from backends.panels import PackedWeight
 from backends.whisper import model
@@ -175,12 +176,40 @@ def test_decoder_step_weights_are_packed_on_numpy() -> None:
             (layer.ffn.w2, "ffn/linear_1"),
         ):
             assert isinstance(packed, PackedWeight)
+            assert packed.halves == HALVES  # the float16 checkpoint's values: all halves
             assert np.array_equal(panels.unpack(packed), ct2.get(f"{scope}/{name}/weight"))
         assert isinstance(layer.cross_attn.w_in, np.ndarray)
     assert isinstance(weights.embedding, PackedWeight)
+    assert weights.embedding.halves == HALVES
     assert np.array_equal(panels.unpack(weights.embedding), ct2.get("decoder/embeddings/weight"))
     assert (weights.d_model, weights.vocab_size) == (384, 51864)
     assert isinstance(weights.enc_layers[0].ffn.w1, np.ndarray)
+
+
+def test_steps_by_halves_have_the_float32_weights_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder's step weights packed as halves' bits (half the bytes a step reads) give
+    every step's logits, one member or three, the bits of the same weights packed float32."""
+    be = NumpyBackend()
+    ct2 = read_ct2_model(default_model_dir())
+    halves = model.load_weights(ct2, be)
+    monkeypatch.setattr(panels, "HALVES", False)
+    full = model.load_weights(ct2, be)
+    assert not full.embedding.halves and halves.embedding.halves == HALVES
+    window = np.random.default_rng(6).normal(size=(1, 1500, 384)).astype(np.float32)
+
+    def primed(w: model.WhisperWeights) -> model.DecoderState:
+        state = model.DecoderState(be, w)
+        state.set_memory(window)
+        model.decode(be, w, state, np.asarray([[50257, 50362]], dtype=np.int64))
+        return state
+
+    for members in (1, 3):
+        a = [primed(halves) for _ in range(members)]
+        b = [primed(full) for _ in range(members)]
+        for step in range(3):
+            tokens = [440 + step + m for m in range(members)]
+            got = model.step_logits(be, halves, a, tokens)
+            assert got.tobytes() == model.step_logits(be, full, b, tokens).tobytes()
 
 
 def test_a_steps_members_get_the_bits_they_get_alone() -> None:
