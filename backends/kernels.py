@@ -482,14 +482,38 @@ def panel_product(
     panel_rows(x, panels, bias, out, lo, hi)
 
 
-@kernel(types.void(_IN2, types.int64, _OUT2, types.int64, types.int64, types.int64))
+@compiled
+def _frames_of_8(dst: Any, rows: Any, base: Any, fa: Any, fb: Any) -> None:  # pragma: no cover
+    """``dst[base + 8 f + s] = rows[s, f]`` for frames ``fa`` to ``fb``: eight loads and one
+    contiguous run of stores a frame (what the SLP vectorizer turns into vector stores)."""
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    r4, r5, r6, r7 = rows[4], rows[5], rows[6], rows[7]
+    for f in range(fa, fb):
+        o = base + f * 8
+        dst[o], dst[o + 1], dst[o + 2], dst[o + 3] = r0[f], r1[f], r2[f], r3[f]
+        dst[o + 4], dst[o + 5], dst[o + 6], dst[o + 7] = r4[f], r5[f], r6[f], r7[f]
+
+
+@compiled
+def _frames_of_4(dst: Any, rows: Any, base: Any, fa: Any, fb: Any) -> None:  # pragma: no cover
+    """:func:`_frames_of_8` for four samples a frame."""
+    r0, r1, r2, r3 = rows[0], rows[1], rows[2], rows[3]
+    for f in range(fa, fb):
+        o = base + f * 4
+        dst[o], dst[o + 1], dst[o + 2], dst[o + 3] = r0[f], r1[f], r2[f], r3[f]
+
+
+@kernel(types.void(_IN2, types.int64, _OUT2, types.int64, types.int64, types.int64), slp=True)
 def interleave_phases(
     phases: Any, n: Any, out: Any, shift: Any, lo: Any, hi: Any
 ) -> None:  # pragma: no cover - compiled
     """``out[c, shift + f * u + s] = phases[c * u + s, f]`` for the ``n`` first columns ``f`` of
     ``phases [C * u, *]`` (``u = phases.shape[0] // out.shape[0]``), only where that column
     of ``out [C, *]`` is in ``[lo, hi)``: a transposed conv's phase rows (one GEMM row per
-    output channel and sample within a frame) as its samples, cropped."""
+    output channel and sample within a frame) as its samples, cropped. The frames whose
+    ``u`` samples are all inside go a frame at a time, contiguous stores (for ``u`` 4 and 8,
+    Piper's strides: 0.64-0.76 of the time of the strided stores a phase row at a time);
+    the cropped ends a phase row at a time."""
     channels = out.shape[0]
     if channels == 0:
         return
@@ -502,14 +526,27 @@ def interleave_phases(
         or hi > out.shape[1]
     ):
         raise ValueError("interleave_phases: phases [C * u, >= n], out [C, >= hi], 0 <= lo")
+    fa = max(0, -((shift - lo) // u))  # first f with shift + f u >= lo
+    fb = max(fa, min(n, (hi - shift) // u))  # after the last f with shift + f u + u <= hi
     for c in range(channels):
         dst = out[c]
-        for s in range(u):
-            src = phases[c * u + s]
+        rows = phases[c * u : c * u + u]
+        for s in range(u):  # the cropped frames at both ends
+            src = rows[s]
             f0 = max(0, -((shift + s - lo) // u))  # first f with shift + f u + s >= lo
             f1 = min(n, -((shift + s - hi) // u))  # first f with shift + f u + s >= hi
-            for f in range(f0, f1):
+            for f in range(f0, min(f1, fa)):
                 dst[shift + f * u + s] = src[f]
+            for f in range(max(f0, fb), f1):
+                dst[shift + f * u + s] = src[f]
+        if u == 8:
+            _frames_of_8(dst, rows, shift, fa, fb)
+        elif u == 4:
+            _frames_of_4(dst, rows, shift, fa, fb)
+        else:
+            for f in range(fa, fb):
+                for s in range(u):
+                    dst[shift + f * u + s] = rows[s, f]
 
 
 def flat_rows(x: np.ndarray, writeable: bool) -> tuple[np.ndarray, int]:
@@ -548,6 +585,47 @@ def rows_fit(flat: Any, ld: Any, rows: Any, n: Any) -> Any:  # pragma: no cover 
     if rows == 0 or n == 0:
         return True
     return (rows == 1 or ld >= n) and (rows - 1) * ld + n <= flat.shape[0]
+
+
+_CONV_BLOCK = 128
+"""Outputs :func:`one_row_conv` sums at a time: eight AVX-512 registers (at 64 it ran at
+0.72 of this rate, at 256 the same)."""
+
+
+@kernel(types.void(_IN2, _IN1, types.int64, types.int64, types.int64, _OUT1))
+def one_row_conv(
+    taps: Any, src: Any, ld: Any, start: Any, dilation: Any, out: Any
+) -> None:  # pragma: no cover - compiled
+    """``out[i] += sum_c sum_j taps[j, c] * src[c * ld + start + j * dilation + i]``: a conv with
+    one output channel (``taps [K, C_in]``) over ``C_in`` rows of a flat view ``ld`` apart,
+    into ``out [n]`` (HiFi-GAN's last conv, 32 channels to one: per-tap GEMMs of one row
+    ran at a sixth of the other convs' rate). Terms in ``c``, then ``j`` order, blocks of
+    :data:`_CONV_BLOCK` outputs summed in registers."""
+    k, c_in = taps.shape
+    n = out.shape[0]
+    if start < 0 or dilation < 1 or not rows_fit(src, ld, c_in, start + (k - 1) * dilation + n):
+        raise ValueError("one_row_conv: C_in rows of start + (K - 1) * dilation + n must fit src")
+    acc = carray(_stack_floats(_CONV_BLOCK), (_CONV_BLOCK,))
+    for i0 in range(0, n, _CONV_BLOCK):
+        width = min(_CONV_BLOCK, n - i0)
+        for i in range(_CONV_BLOCK):
+            acc[i] = _ZERO
+        if width == _CONV_BLOCK:
+            for c in range(c_in):
+                for j in range(k):
+                    w = taps[j, c]
+                    row = src[c * ld + start + j * dilation + i0 :]
+                    for i in range(_CONV_BLOCK):
+                        acc[i] += w * row[i]
+        else:
+            for c in range(c_in):
+                for j in range(k):
+                    w = taps[j, c]
+                    row = src[c * ld + start + j * dilation + i0 :]
+                    for i in range(width):
+                        acc[i] += w * row[i]
+        for i in range(width):
+            out[i0 + i] += acc[i]
 
 
 @kernel(types.void(_IN1, types.int64, types.float32, _OUT1, types.int64, *_ROWS))

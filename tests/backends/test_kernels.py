@@ -392,3 +392,27 @@ def test_gate_refuses_halves_that_overlap() -> None:
         flow._gate(x[:3], x[1:])
     with pytest.raises(ValueError, match="one shape"):
         flow._gate(x[:2], x[2:, :5])
+
+
+@pytest.mark.parametrize(("c_in", "k", "d", "n"), [(32, 7, 1, 7296), (3, 5, 4, 130), (1, 1, 1, 1)])
+def test_one_row_conv_adds_the_conv_of_every_row_and_tap(c_in: int, k: int, d: int, n: int) -> None:
+    """``out += sum_c sum_j taps[j, c] * src[c, start + j d + i]`` over rows a stride apart,
+    full and partial blocks of outputs, within float32 rounding of the float64 sum."""
+    rng = np.random.default_rng(c_in * 100 + n)
+    taps = rng.standard_normal((k, c_in)).astype(np.float32)
+    start = 3
+    buffer = rng.standard_normal((c_in, start + (k - 1) * d + n + 5)).astype(np.float32)
+    src = buffer[:, : start + (k - 1) * d + n]  # rows wider than the view: a row stride
+    base = rng.standard_normal(n).astype(np.float32)
+    out = base.copy()
+    flat, ld = kernels.flat_rows(src, writeable=False)
+    kernels.one_row_conv(taps, flat, ld, start, d, out)
+    want = base.astype(np.float64)
+    for c in range(c_in):
+        for j in range(k):
+            want += float(taps[j, c]) * src[c, start + j * d : start + j * d + n]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.sqrt(c_in * k))
+    with pytest.raises(ValueError, match="one_row_conv"):
+        kernels.one_row_conv(taps, flat, ld, start + 6, d, out)  # past the rows' end
+    with pytest.raises(ValueError, match="one_row_conv"):
+        kernels.one_row_conv(taps, flat, ld, -1, d, out)

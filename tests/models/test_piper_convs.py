@@ -187,8 +187,9 @@ def _use_path(path: str, small: bool, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("path", ["taps", "winograd", "im2col"])
 @pytest.mark.parametrize("small", [True, False])
 @pytest.mark.parametrize(
-    ("c_in", "c_out", "k", "d", "t"), [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300), (5, 6, 5, 1, 77)]
-)
+    ("c_in", "c_out", "k", "d", "t"),
+    [(8, 8, 3, 1, 700), (6, 5, 7, 3, 300), (5, 6, 5, 1, 77), (32, 1, 7, 1, 700), (5, 1, 3, 2, 77)],
+)  # one output channel: HiFi-GAN's last conv, one compiled pass (kernels.one_row_conv)
 def test_piper_fused_conv_matches_the_backend_ops(
     path: str,
     small: bool,
