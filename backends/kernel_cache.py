@@ -14,10 +14,17 @@ read. Folders of other digests beside it are removed (best effort: a process sti
 running older code that finds its files gone compiles again; numba treats a missing file
 as a miss).
 
-The folder is ``backends/__pycache__/numba-<digest>`` where that is writable, else
-``$XDG_CACHE_HOME/voxpool`` (``~/.cache/voxpool``) ``/numba-<digest>``; where neither
-is, :data:`CACHE_DIR` is None and the kernels are compiled at every start (4-6 s) rather
-than cached where staleness could not be told.
+The folder is ``backends/__pycache__/numba-<digest>-<panels>`` where that is writable,
+else ``$XDG_CACHE_HOME/voxpool`` (``~/.cache/voxpool``) ``/numba-<digest>-<panels>``;
+where neither is, :data:`CACHE_DIR` is None and the kernels are compiled at every start
+(4-6 s) rather than cached where staleness could not be told. ``<panels>`` is ``halves``
+or ``float32``, :data:`backends.intrinsics.HALVES`: which helper the hand-over kernels
+compile in for halves (the conversion, or nothing) follows that flag, which numba's own
+key does not see (its key is the signature, the CPU's name and features, the source):
+a process told ``NUMBA_CPU_NAME=<this very CPU>`` has no halves and the same numba key,
+and its kernels, cached first in a shared folder, left a later process's halves
+products on the helpers unwritten (an outside review reproduced it). The two kinds of
+folder of one digest are kept side by side.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from backends.intrinsics import HALVES
 
 PACKAGE = Path(__file__).resolve().parent
 PREFIX = "numba-"
@@ -51,9 +60,10 @@ def _bases() -> list[Path]:
     return [PACKAGE / "__pycache__", Path(user) / "voxpool"]
 
 
-def choose(name: str, bases: list[Path]) -> Path | None:
+def choose(name: str, bases: list[Path], keep: str | None = None) -> Path | None:
     """The first ``base / name`` that can be made and written to (other ``numba-*``
-    folders in that base removed); None where none can."""
+    folders in that base removed but those whose names start with ``keep``); None where
+    none can."""
     for base in bases:
         target = base / name
         try:
@@ -63,14 +73,20 @@ def choose(name: str, bases: list[Path]) -> Path | None:
         except OSError:
             continue
         for old in base.glob(f"{PREFIX}*"):
-            if old != target and old.is_dir():
+            if old != target and old.is_dir() and not (keep and old.name.startswith(keep)):
                 shutil.rmtree(old, ignore_errors=True)
         return target
     return None
 
 
+def folder_name(source_digest: str, halves: bool) -> str:
+    """The cache folder of a source tree and a kind of panels (see the module doc)."""
+    return f"{PREFIX}{source_digest}-{'halves' if halves else 'float32'}"
+
+
 def _find() -> str | None:
-    found = choose(PREFIX + digest(), _bases())
+    tree = digest()
+    found = choose(folder_name(tree, HALVES), _bases(), keep=f"{PREFIX}{tree}-")
     return None if found is None else str(found)
 
 

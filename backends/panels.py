@@ -86,8 +86,9 @@ class PackedWeight:
 def pack(w: np.ndarray, halves: bool | None = None) -> PackedWeight:
     """``w [out, in]`` (any float dtype and layout) packed in panels: as halves' bits when
     ``halves`` (None: where the CPU converts them, :data:`backends.intrinsics.HALVES`) and
-    every value of ``w`` is exactly a half (in range, at most 11 significant bits, not NaN),
-    else as float32. A product's outputs are the same bits either way."""
+    every value of ``w`` is exactly a half (at most 11 significant bits, within a half's
+    range or infinite, not NaN), else as float32. A product's outputs are the same bits
+    either way."""
     if w.ndim != 2:
         raise ValueError(f"pack: a weight [out, in], not shape {w.shape}")
     if halves is None:
@@ -101,7 +102,7 @@ def pack(w: np.ndarray, halves: bool | None = None) -> PackedWeight:
     if full < count:  # a last, partial panel: its missing columns stay zero
         panels[full, :, : out_features - full * PANEL] = w[full * PANEL :].T
     if halves:
-        with np.errstate(over="ignore"):  # out of a half's range: inf, then refused
+        with np.errstate(over="ignore"):  # finite but out of a half's range: inf, refused
             as_halves = panels.astype(np.float16)
         if np.array_equal(as_halves.astype(np.float32), panels):  # NaN, inf or rounding: no
             panels = as_halves.view(np.uint16)

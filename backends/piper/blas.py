@@ -141,6 +141,17 @@ def _check_parts(parts: np.ndarray, rows: int) -> None:
     raise ValueError(f"conv_rows: parts must cover the {rows} output rows in order, each once")
 
 
+def one_row(out: np.ndarray, taps: np.ndarray, src: np.ndarray, start: int, dilation: int) -> None:
+    """:func:`conv_taps` for a conv with one output channel (``taps [K, 1, C_in]``, ``out
+    [1, n]``) as one compiled pass (:func:`backends.kernels.one_row_conv`: one-row SGEMMs
+    ran at a sixth of the other convs' rate); the same checks."""
+    _check(out, taps, src, start, dilation)
+    if taps.shape[1] != 1:
+        raise ValueError("one_row: a conv with one output channel")
+    flat, ld = kernels.flat_rows(src, writeable=False)
+    kernels.one_row_conv(taps[:, 0, :], flat, ld, start, dilation, out[0])
+
+
 def _check(out: np.ndarray, taps: np.ndarray, src: np.ndarray, start: int, dilation: int) -> None:
     """Refuses operands :func:`conv_taps` cannot take (ValueError; RuntimeError without BLAS)."""
     if SGEMM is None:

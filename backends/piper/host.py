@@ -116,11 +116,9 @@ def add_conv(out: np.ndarray, cw: ConvWeights, src: np.ndarray, start: int, lane
     products where the conv has them (:mod:`backends.piper.winograd`), else one GEMM per
     tap (:func:`blas.conv_taps`), by pieces of output rows on up to ``lanes`` cores where
     the conv has them (:attr:`ConvWeights.rows`, :func:`blas.conv_rows`). A conv with one
-    output channel (HiFi-GAN's last) is one compiled pass instead
-    (:func:`kernels.one_row_conv`: one-row GEMMs ran at a sixth of the others' rate)."""
-    if cw.c_out == 1 and out.shape[0] == 1:
-        flat, ld = kernels.flat_rows(src, writeable=False)
-        kernels.one_row_conv(cw.taps[:, 0, :], flat, ld, start, cw.dilation, out[0])
+    output channel (HiFi-GAN's last) is one compiled pass instead (:func:`blas.one_row`)."""
+    if cw.c_out == 1:
+        blas.one_row(out, cw.taps, src, start, cw.dilation)
     elif cw.winograd is not None and USE_WINOGRAD:
         winograd.conv_add(out, cw.winograd, src, start)
     elif cw.rows is not None:

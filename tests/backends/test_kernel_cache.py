@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from backends import kernel_cache, kernels
+from backends.intrinsics import HALVES
 from backends.piper import coupling_tiles
 
 
@@ -48,6 +49,20 @@ def test_the_folder_is_the_first_writable_base_and_older_folders_go(tmp_path: Pa
     assert kernel_cache.choose("numba-new", [blocked / "sub"]) is None
 
 
+def test_a_trees_folders_for_halves_and_float32_panels_are_kept_side_by_side(
+    tmp_path: Path,
+) -> None:
+    """Which helper the hand-over kernels compile in for halves follows HALVES, which
+    numba's key does not see: each kind has its folder, and neither removes the other."""
+    base = tmp_path / "cache"
+    names = [kernel_cache.folder_name("abc", halves) for halves in (True, False)]
+    assert names == ["numba-abc-halves", "numba-abc-float32"]
+    (base / "numba-old-halves").mkdir(parents=True)
+    for name in names:
+        assert kernel_cache.choose(name, [base], keep="numba-abc-") == base / name
+    assert sorted(p.name for p in base.iterdir()) == sorted(names)  # other digests: gone
+
+
 def test_the_setting_is_numbas_only_while_a_kernel_is_decorated() -> None:
     config = SimpleNamespace(CACHE_DIR="/theirs")
     with kernel_cache.cache_dir(config):
@@ -58,7 +73,8 @@ def test_the_setting_is_numbas_only_while_a_kernel_is_decorated() -> None:
 
 def test_the_kernels_are_cached_in_the_folder_of_this_source_tree() -> None:
     assert kernel_cache.CACHE_DIR is not None  # the checkout's __pycache__ is writable here
-    assert Path(kernel_cache.CACHE_DIR).name == kernel_cache.PREFIX + kernel_cache.digest()
+    name = kernel_cache.folder_name(kernel_cache.digest(), HALVES)
+    assert Path(kernel_cache.CACHE_DIR).name == name
     for dispatcher in (kernels.gate_rows, coupling_tiles._tiles):
         path = dispatcher._cache._cache_path
         assert path.startswith(kernel_cache.CACHE_DIR), path
