@@ -12,7 +12,8 @@ time goes (encoder, decoder layers, vocabulary projection, host-side rules).
 ``voxpool serve`` (``threads: N``, one slot) on loopback, the fixture's WAV posted to
 ``/v1/audio/transcriptions`` (HTTP, decoding and the server's runtime included); its
 CPU time is the server process's plus this client's.
-Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile] [--http]``.
+Run: ``.venv/bin/python bench/model_whisper.py [threads] [--profile [--fixture=NAME]] [--http]``
+(``--fixture``: which input the profile runs, ``recipe`` unless named).
 """
 
 from __future__ import annotations
@@ -228,8 +229,9 @@ if __name__ == "__main__":
     print(machine())
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_threads = int(args[0]) if args else 1
+    named = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--fixture=")]
     if "--profile" in sys.argv:
-        for stage, sec in profile(n_threads).items():
+        for stage, sec in profile(n_threads, *named[-1:]).items():
             print(f"{stage:45s} {sec * 1e3:9.1f} ms")
     else:
         _print_table(bench(n_threads, http="--http" in sys.argv))
