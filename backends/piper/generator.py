@@ -17,6 +17,7 @@ from backends.base import Array, ArrayBackend
 from backends.piper import host, resblock_tiles
 from backends.piper.layers import Weights, conv
 from backends.piper.loader import Hyper
+from backends.workspace import Workspace
 
 _SLOPE = 0.1
 _POST_SLOPE = 0.01
@@ -109,26 +110,35 @@ def prepare_stages(
 
 
 def generate_host(
-    prepared: host.Prepared, h: Hyper, z: np.ndarray, gaps: host.Gaps = ()
+    prepared: host.Prepared,
+    h: Hyper,
+    z: np.ndarray,
+    gaps: host.Gaps = (),
+    work: Workspace | None = None,
 ) -> np.ndarray:
     """:func:`generate` on host arrays with the fused paths: z [inter, T'] -> audio [T' * hop].
 
     ``z`` may be a packed batch: ``gaps`` (in frames) between its members, each at
     least :data:`PACK_GAP` frames wide, are zeroed before every conv (and ``z``'s
     own gap columns with them); the members' samples are then each exactly their
-    own (frame ``f`` is samples ``f * hop`` to ``(f + 1) * hop``).
+    own (frame ``f`` is samples ``f * hop`` to ``(f + 1) * hop``). The stages' arrays
+    are ``work``'s buffers (two slots, in turn; default: new arrays); the audio is a
+    new array.
     """
+    work = work or Workspace(0)
     prep = prepared.convs
-    x = np.empty((prep["dec.conv_pre"].c_out, z.shape[1]), np.float32)
+    x = work.take("stage", (prep["dec.conv_pre"].c_out, z.shape[1]))
     host.conv_same(z, prep["dec.conv_pre"], x, post_slope=_SLOPE, gaps=gaps)
     n_k = len(h.resblock_kernels)
     stages = len(h.upsample_rates)
     rate = 1
     for i in range(stages):
-        x = host.conv_transpose(x, prepared.ups[f"dec.ups.{i}"], _scaled(gaps, rate))
+        up = prepared.ups[f"dec.ups.{i}"]
+        ups = work.take("ups", (up.c_out, host.transposed_length(up, x.shape[1])))
+        x = host.conv_transpose(x, up, _scaled(gaps, rate), out=ups)
         rate *= h.upsample_rates[i]
         at = _scaled(gaps, rate)
-        acc = np.empty_like(x)  # the stage's activated output
+        acc = work.take("stage", x.shape)  # the stage's activated output
         post = _SLOPE if i < stages - 1 else _POST_SLOPE
         names = [f"dec.resblocks.{i * n_k + j}" for j in range(n_k)]
         if all(len(dil) == 2 for dil in h.resblock_dilations):  # Piper's ResBlock2

@@ -646,8 +646,12 @@ def prepare_up(w: np.ndarray, b: np.ndarray, stride: int, padding: int) -> UpWei
     return UpWeights(matrix, bias, stride, padding, phase_taps, phase_bias)
 
 
-def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
-    """ConvTranspose1d (dilation 1, no output padding) of ``x [C_in, T]``, polyphase, in tiles.
+def conv_transpose(
+    x: np.ndarray, uw: UpWeights, gaps: Gaps = (), out: np.ndarray | None = None
+) -> np.ndarray:
+    """ConvTranspose1d (dilation 1, no output padding) of ``x [C_in, T]``, polyphase, in tiles,
+    into ``out`` (C-contiguous float32 ``[C_out, T_out]``, not overlapping ``x``; default: a new
+    array), returned.
 
     Output frame ``f`` (``stride`` samples) is the sum over taps ``m`` of input frame
     ``f - m``'s product rows for that tap. With numpy's BLAS at hand, per tile of frames
@@ -660,15 +664,15 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     (:func:`zero_gaps`). Runs of tiles go to the caller's cores (:func:`split`).
     """
     zero_gaps(x, gaps)
+    out = _transposed_out(x, uw, out)
     if not use_taps():
-        return _conv_transpose_matrix(x, uw)
+        return _conv_transpose_matrix(x, uw, out)
     c_in, t = x.shape
     u, pad, taps = uw.stride, uw.padding, uw.taps
     weights, bias = uw.phase_taps, uw.phase_bias
     rows = weights.shape[1]
-    t_out = (t - 1) * u - 2 * pad + taps * u
+    t_out = out.shape[1]
     frames = t + taps - 1
-    out = np.empty((uw.c_out, t_out), np.float32)
     per = _frames_per_tile(TAPS_TILE // rows, frames)
 
     def piece(run: Iterator[int]) -> None:
@@ -693,6 +697,23 @@ def conv_transpose(x: np.ndarray, uw: UpWeights, gaps: Gaps = ()) -> np.ndarray:
     return out
 
 
+def transposed_length(uw: UpWeights, t: int) -> int:
+    """Output samples of :func:`conv_transpose` on ``t`` input frames."""
+    return (t - 1) * uw.stride - 2 * uw.padding + uw.taps * uw.stride
+
+
+def _transposed_out(x: np.ndarray, uw: UpWeights, out: np.ndarray | None) -> np.ndarray:
+    """``out`` checked for :func:`conv_transpose` of ``x`` (a new array when None)."""
+    shape = (uw.c_out, transposed_length(uw, x.shape[1]))
+    if out is None:
+        return np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"conv_transpose: out must be C-contiguous float32 {list(shape)}")
+    if np.may_share_memory(out, x):
+        raise ValueError("conv_transpose: out must not overlap x")
+    return out
+
+
 def _frames_per_tile(fits: int, frames: int) -> int:
     """Frames of one transposed-conv tile: the ``fits`` its buffers allow (at least 16); with
     several cores, :data:`SPLIT_TILES` tiles at least, as the convs are cut."""
@@ -702,16 +723,15 @@ def _frames_per_tile(fits: int, frames: int) -> int:
     return per
 
 
-def _conv_transpose_matrix(x: np.ndarray, uw: UpWeights) -> np.ndarray:
+def _conv_transpose_matrix(x: np.ndarray, uw: UpWeights, out: np.ndarray) -> np.ndarray:
     """:func:`conv_transpose` without numpy's BLAS: per tile of frames one GEMM gives every
     row of the tile's inputs (plus the ``taps - 1`` frames before it), the taps are summed
     into frame-major order while the product is in cache, and the cropped samples are
     written with the bias added."""
     c_in, t = x.shape
     u, pad, c_out, taps = uw.stride, uw.padding, uw.c_out, uw.taps
-    t_out = (t - 1) * u - 2 * pad + taps * u
+    t_out = out.shape[1]
     frames = t + taps - 1
-    out = np.empty((c_out, t_out), np.float32)
     per = _frames_per_tile(FRAMES_BYTES // (4 * uw.matrix.shape[0]), frames)
 
     def piece(run: Iterator[int]) -> None:

@@ -27,6 +27,7 @@ from backends.piper.generator import (
 )
 from backends.piper.loader import Hyper, VoiceConfig
 from backends.piper.text_encoder import encode, encode_host, prepare_encoder
+from backends.workspace import Workspaces
 
 
 @attrs.frozen(eq=False)
@@ -40,6 +41,12 @@ class Synthesis:
 DECODER_PACK_FRAMES = 256
 """Most frames (about 3 s of audio) the HiFi-GAN takes in one packed batch: its arrays are
 then about as large as one long sentence's (a larger pack spills out of the CPU caches)."""
+
+WORKSPACE_SLOT_BYTES = 16 << 20
+"""The most a workspace slot keeps (:class:`backends.workspace.Workspace`): the HiFi-GAN's
+last stage (32 channels at the audio rate, two slots) of a sentence or packed batch of up
+to 5.9 s of audio (131,072 samples) reuses its pages; a longer one allocates its arrays
+for that call. Kept: at most 32 MB a caller decoding at the same time."""
 
 
 @attrs.frozen(eq=False)
@@ -74,6 +81,13 @@ class PiperModel:
     prepared: host.Prepared | None = attrs.field(init=False, repr=False)
     """The text encoder's, flow's and generator's convs as fused-conv operands on the numpy
     backend (None elsewhere), built once per model."""
+    workspaces: Workspaces = attrs.field(init=False, repr=False)
+    """The HiFi-GAN's full-rate arrays on the host path, kept from call to call (one workspace
+    a caller decoding at the same time: :mod:`backends.workspace`)."""
+
+    @workspaces.default
+    def _workspaces(self) -> Workspaces:
+        return Workspaces(WORKSPACE_SLOT_BYTES)
 
     @prepared.default
     def _prepare(self) -> host.Prepared | None:
@@ -225,7 +239,9 @@ class PiperModel:
         """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""
         prepared = self._on_host(be)
         if prepared is not None:
-            audio = generate_host(prepared, self.hyper, self._flow_host(z_p[0], ()))
+            z = self._flow_host(z_p[0], ())
+            with self.workspaces.taken() as work:
+                audio = generate_host(prepared, self.hyper, z, work=work)
         else:
             z = flow_reverse(be, self.weights, self.hyper, z_p)
             audio = be.to_host(generate(be, self.weights, self.hyper, z)).reshape(-1)
@@ -248,7 +264,8 @@ class PiperModel:
         audio: list[np.ndarray] = []
         for group in _groups(zs, DECODER_PACK_FRAMES):
             packed, starts, gaps = _pack(group)
-            wave = generate_host(self.prepared, self.hyper, packed, gaps)
+            with self.workspaces.taken() as work:
+                wave = generate_host(self.prepared, self.hyper, packed, gaps, work)
             audio += [
                 wave[start * hop : (start + g.shape[1]) * hop].copy()
                 for start, g in zip(starts, group, strict=True)

@@ -398,6 +398,9 @@ def test_piper_polyphase_transposed_conv_matches_its_definition(
     ref = _conv_transpose1d_ref(x[None], w, b, s, p, 0, 1, 1)[0]
     assert y.shape == ref.shape
     np.testing.assert_allclose(y, ref, atol=TOL, rtol=TOL)
+    dirty = np.full(ref.shape, np.nan, np.float32)  # an earlier call's leftovers: overwritten
+    assert host.conv_transpose(x.copy(), uw, out=dirty) is dirty
+    np.testing.assert_array_equal(dirty, y)
     gapped = x.copy()
     gapped[:, 3:6] = 0
     np.testing.assert_allclose(
@@ -406,6 +409,29 @@ def test_piper_polyphase_transposed_conv_matches_its_definition(
         atol=TOL,
         rtol=TOL,
     )
+
+
+def test_a_transposed_conv_refuses_an_out_it_cannot_fill() -> None:
+    from backends.piper import host
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 10), dtype=np.float32)
+    uw = host.prepare_up(rng.standard_normal((4, 2, 8), dtype=np.float32), np.zeros(2), 4, 2)
+    t_out = host.transposed_length(uw, 10)
+    assert host.conv_transpose(x, uw).shape == (2, t_out)
+    for out in (
+        np.empty((2, t_out + 1), np.float32),
+        np.empty((3, t_out), np.float32),
+        np.empty((2, t_out), np.float64),
+        np.empty((t_out, 2), np.float32).T,
+    ):
+        with pytest.raises(ValueError, match="out must be C-contiguous float32"):
+            host.conv_transpose(x, uw, out=out)
+    shared = np.empty(2 * t_out + 40, np.float32)
+    with pytest.raises(ValueError, match="must not overlap"):
+        host.conv_transpose(
+            shared[:40].reshape(4, 10), uw, out=shared[20 : 20 + 2 * t_out].reshape(2, t_out)
+        )
 
 
 def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
