@@ -14,7 +14,8 @@ meets). ``--http`` adds ``voxpool-http``: the same text, one request at a time,
 through a real, otherwise idle ``voxpool serve`` (``threads: N``, one slot) on
 loopback, posted to ``/v1/audio/speech`` for raw PCM (HTTP, the server's runtime and
 the encoding included); its CPU time is the server process's plus this client's.
-Run: ``.venv/bin/python bench/model_piper.py [threads] [--profile] [--idle] [--http]``.
+Run: ``.venv/bin/python bench/model_piper.py [threads] [--repeats=N] [--profile] [--idle]
+[--http]`` (``N`` timed runs of each side, alternating; 5 by default).
 """
 
 from __future__ import annotations
@@ -246,7 +247,9 @@ if __name__ == "__main__":
     print(machine())
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n_threads = int(args[0]) if args else 1
-    print(_table(bench(threads=n_threads, http="--http" in sys.argv)))
+    counts = [int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--repeats=")]
+    repeats = counts[-1] if counts else 5
+    print(_table(bench(threads=n_threads, repeats=repeats, http="--http" in sys.argv)))
     if "--profile" in sys.argv:
         print(f"\nnumpy stages, ms (paragraph, {n_threads} thread(s)):", profile(threads=n_threads))
     if "--idle" in sys.argv:
