@@ -4,7 +4,9 @@ The flows act on two channels of length T (phonemes). The spline of each
 ConvFlow (a piecewise rational-quadratic map with a bin search) runs on the host
 on its [T, 29] parameters: it is tiny, it needs a search the backend interface
 does not have, and its output (log durations) is needed on the host anyway to
-place frames. Everything with weights runs on the backend.
+place frames. Everything with weights runs on the backend; on the numpy backend the
+dilated depth-separable layers run as compiled passes around their 1x1 convs instead of
+op by op, with the same operations in the same order (:func:`_dds_conv_host`).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _flip2(be: ArrayBackend, z: Array) -> Array:
 
 def _dds_conv(be: ArrayBackend, w: Weights, h: Hyper, p: str, x: Array) -> Array:
     """Dilated depth-separable conv stack (dilations 1, 3, 9), exact-erf GELU."""
-    if host.is_host(be) and USE_COMPILED_LAYERS:
+    if host.is_host(be) and USE_COMPILED_LAYERS and _one_float32_input(x):
         return _dds_conv_host(w, h, p, np.asarray(x))
     c = x.shape[1]
     for j in range(h.dp_layers):
@@ -67,12 +69,26 @@ def _dds_conv(be: ArrayBackend, w: Weights, h: Hyper, p: str, x: Array) -> Array
 
 USE_COMPILED_LAYERS = True
 """On the numpy backend, each DDS layer as two compiled passes around its 1x1 conv
-(:func:`_dds_conv_host`: the same bits); False: op by op (for comparisons)."""
+(:func:`_dds_conv_host`: the same values); False: op by op (for comparisons)."""
+
+
+def _one_float32_input(x: Array) -> bool:
+    """Whether ``x`` is what :func:`_dds_conv_host` takes: one float32 host array [1, C, T],
+    not empty (anything else goes op by op)."""
+    return (
+        isinstance(x, np.ndarray)
+        and x.dtype == np.float32
+        and x.ndim == 3
+        and x.shape[0] == 1
+        and x.shape[1] > 0
+        and x.shape[2] > 0
+    )
 
 
 def _dds_conv_host(w: Weights, h: Hyper, p: str, x: np.ndarray) -> np.ndarray:
     """:func:`_dds_conv` on a host array [1, C, T] with the numpy backend's operations in their
-    order, so the same bits: per layer the depthwise conv, its channel norm and GELU in one
+    order, so the same values, bit for bit (but a NaN's sign bit, which the order of a
+    NaN + NaN may pick differently): per layer the depthwise conv, its channel norm and GELU in one
     compiled pass (:func:`_depthwise_norm_gelu`), the 1x1 conv as the backend runs it
     (``np.matmul``, then the bias), then the second norm, GELU and the residual add in one
     more (:func:`_norm_gelu_add`). Op by op a short sentence's durations took 2.1 ms at one
@@ -222,8 +238,9 @@ def _depthwise_norm_gelu(
     scratch: Any,
     sums: Any,
 ) -> None:  # pragma: no cover - compiled
-    """``y = gelu(norm(depthwise(x)))`` for ``x, y, scratch [C, T]`` (:func:`_depthwise`,
-    :func:`_channel_norm` with ``sums [10, T]``, :func:`backends.kernels.gelu`)."""
+    """``y = gelu(norm(depthwise(x)))`` for ``x, y, scratch [C, T]``, three arrays apart
+    (:func:`_depthwise`, :func:`_channel_norm` with ``sums [10, T]``,
+    :func:`backends.kernels.gelu`)."""
     c, t = x.shape
     if (
         taps.shape[0] != c or taps.shape[1] % 2 == 0 or bias.shape[0] != c or d < 1
@@ -240,7 +257,8 @@ def _depthwise_norm_gelu(
 def _norm_gelu_add(
     z: Any, gamma: Any, beta: Any, eps: Any, x: Any, scratch: Any, sums: Any
 ) -> None:  # pragma: no cover - compiled
-    """``x += gelu(norm(z))`` for ``z, x, scratch [C, T]`` (``z`` overwritten)."""
+    """``x += gelu(norm(z))`` for ``z, x, scratch [C, T]``, three arrays apart (``z``
+    overwritten)."""
     c, t = z.shape
     if (
         gamma.shape[0] != c or beta.shape[0] != c or x.shape != z.shape

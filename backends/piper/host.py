@@ -251,6 +251,8 @@ def conv_same(
     c_in, t = x.shape
     tile = _tile_columns(t, max(c_in, cw.c_out))
     s = None if scale is None else np.float32(scale)
+    # no activation, rows in order, columns adjacent: the GEMMs read x's tiles where they are
+    direct = slope is None and x.strides[1] == 4 and x.strides[0] >= 4 * t
 
     def piece(run: Iterator[int]) -> None:
         pad = cw.padding
@@ -258,8 +260,11 @@ def conv_same(
         for t0 in run:
             n = min(tile, t - t0)
             o = out[:, t0 : t0 + n]
-            a = act[:, : n + 2 * pad]
-            _activate(x, t0 - pad, slope, a)
+            if direct and pad <= t0 and t0 + n + pad <= t:  # inside: read x itself
+                src, start = x, t0 - pad
+            else:  # the activation, or the zero padding at an end: a copy of the window
+                src, start = act[:, : n + 2 * pad], 0
+                _activate(x, t0 - pad, slope, src)
             if residual:
                 if add_to:
                     o += x[:, t0 : t0 + n]
@@ -270,7 +275,7 @@ def conv_same(
                 o += cw.bias
             else:
                 o[...] = cw.bias
-            add_conv(o, cw, a, 0, lanes)
+            add_conv(o, cw, src, start, lanes)
             if s is not None:
                 o *= s
             if post_slope is not None:
@@ -663,8 +668,8 @@ def conv_transpose(
     (:func:`_conv_transpose_matrix`). ``gaps`` are zeroed in ``x`` first
     (:func:`zero_gaps`). Runs of tiles go to the caller's cores (:func:`split`).
     """
+    out = _transposed_out(x, uw, out)  # checked before anything is written
     zero_gaps(x, gaps)
-    out = _transposed_out(x, uw, out)
     if not use_taps():
         return _conv_transpose_matrix(x, uw, out)
     c_in, t = x.shape

@@ -74,6 +74,25 @@ def test_compiled_layers_give_the_bits_of_the_numpy_ops(
     np.testing.assert_array_equal(compiled, ops)
 
 
+@pytest.mark.parametrize("shape", [(2, 6, 9), (1, 6, 0), (1, 0, 9)])
+def test_what_the_compiled_layers_do_not_take_goes_op_by_op(shape: tuple[int, int, int]) -> None:
+    """A batch of two, or an empty input, keeps the numpy ops' result (a batch's every member,
+    an empty array), as a float64 input keeps float64."""
+    rng = np.random.default_rng(1)
+    h = attrs.evolve(Hyper(), dp_layers=2, dp_kernel=3)
+    w = _weights(rng, shape[1], 3, 2)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    if 0 in shape:
+        with pytest.raises(ValueError):
+            duration._dds_conv(BE, w, h, "s", x)
+        return
+    ops, compiled = _both(w, h, x)
+    assert compiled.shape == shape
+    np.testing.assert_array_equal(compiled, ops)
+    wide = np.asarray(duration._dds_conv(BE, w, h, "s", x[:1].astype(np.float64)))
+    assert wide.dtype == np.float64
+
+
 def test_compiled_layers_refuse_operands_of_the_wrong_shape() -> None:
     x = np.zeros((4, 6), np.float32)
     eps = np.float32(1e-5)
