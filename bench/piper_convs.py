@@ -68,9 +68,13 @@ def _conv_case(label: str, cws: list[host.ConvWeights], src: np.ndarray, n: int)
     return label, new, old
 
 
-def _matrix_path(x: np.ndarray, uw: host.UpWeights, gaps: host.Gaps = ()) -> np.ndarray:
+def _matrix_path(
+    x: np.ndarray, uw: host.UpWeights, gaps: host.Gaps = (), out: np.ndarray | None = None
+) -> np.ndarray:
     host.zero_gaps(x, gaps)
-    return host._conv_transpose_matrix(x, uw)
+    if out is None:
+        out = np.empty((uw.c_out, host.transposed_length(uw, x.shape[1])), np.float32)
+    return host._conv_transpose_matrix(x, uw, out)
 
 
 def _up_case(label: str, x: np.ndarray, uw: host.UpWeights) -> Case:
