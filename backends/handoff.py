@@ -361,7 +361,7 @@ class Helpers:
 
     def __init__(self, idle_cycles: int = IDLE_CYCLES) -> None:
         self._board = np.zeros(BOARD_WORDS, np.int64)
-        self._board[YIELD] = _sched_yield()
+        self._board[YIELD] = SCHED_YIELD
         self._idle = idle_cycles
         self._holder = threading.Lock()  # the caller whose job is on the board
         self._lock = threading.Lock()
@@ -538,6 +538,10 @@ def _sched_yield() -> int:
         return int(ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0)
     except (OSError, AttributeError):
         return 0
+
+
+SCHED_YIELD = _sched_yield()
+"""The address of the C library's ``sched_yield`` (0: not found), for compiled waits."""
 
 
 def _fits(a: np.ndarray) -> bool:

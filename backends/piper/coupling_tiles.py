@@ -23,7 +23,7 @@ the caller checks every operand (:func:`run`): the compiled loop has no bounds c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -31,7 +31,11 @@ import numpy as np
 from numba.core import types
 
 from backends import kernels
+from backends.handoff import SCHED_YIELD
 from backends.intrinsics import add as _atomic_add
+from backends.intrinsics import call as _call
+from backends.intrinsics import load as _load
+from backends.intrinsics import pause as _pause
 from backends.intrinsics import sgemm as _sgemm
 from backends.piper import blas
 from backends.piper.conv_weights import ConvWeights
@@ -206,14 +210,15 @@ def _winograd(
     vbuf: Any,
     pbuf: Any,
     phases: Any,
+    start: Any = 0,
 ) -> None:  # pragma: no cover - compiled
-    """``dst[:, col : col + n] += conv(src[:, :w])`` by ``F(4, 5)``
-    (:func:`backends.piper.winograd.conv_add` with ``start`` 0)."""
+    """``dst[:, col : col + n] += conv(src[:, start : start + n + R - 1])`` by ``F(4, 5)``
+    (:func:`backends.piper.winograd.conv_add`)."""
     c_out, c_in = u.shape[1], u.shape[2]
     blocks = (n + M - 1) // M
     v = vbuf[: POINTS * c_in * blocks].reshape((POINTS, c_in, blocks))
     ph = phases[: M * (blocks + (POINTS - 1) // M)].reshape((M, blocks + (POINTS - 1) // M))
-    input_4_5(src.reshape(-1), src.shape[1], 0, n + R - 1, v, ph)
+    input_4_5(src.reshape(-1), src.shape[1], start, n + R - 1, v, ph)
     products = pbuf[: POINTS * c_out * blocks].reshape((POINTS, c_out, blocks))
     products[...] = 0
     for i in range(POINTS):
@@ -310,3 +315,252 @@ def _tiles(
             for q in range(n):
                 orow[q] = zr[q] - mr[q]
         done += 1
+
+
+@attrs.frozen(eq=False)
+class Flow:
+    """A flow's couplings packed end to end, in the order they run (the reverse flow's), each
+    kind of weight one array with the coupling first (:meth:`stack`); each coupling's
+    :class:`Packed` is a view of it (:meth:`coupling`)."""
+
+    pre_w: np.ndarray
+    pre_b: np.ndarray
+    in_u: np.ndarray
+    in_b: np.ndarray
+    rs_w: np.ndarray
+    rs_b: np.ndarray
+    post_w: np.ndarray
+    post_b: np.ndarray
+
+    @staticmethod
+    def stack(couplings: Sequence[Packed]) -> Flow | None:
+        """The couplings in one :class:`Flow` (None when there are none or their shapes differ)."""
+        fields = [f.name for f in attrs.fields(Packed)]
+        if not couplings or any(
+            getattr(p, f).shape != getattr(couplings[0], f).shape for p in couplings for f in fields
+        ):
+            return None
+        arrays = {f: np.stack([getattr(p, f) for p in couplings]) for f in fields}
+        for a in arrays.values():
+            a.setflags(write=False)
+        return Flow(**arrays)
+
+    @property
+    def couplings(self) -> int:
+        return int(self.pre_w.shape[0])
+
+    def coupling(self, k: int) -> Packed:
+        """Coupling ``k``'s weights (views)."""
+        return Packed(**{f.name: getattr(self, f.name)[k] for f in attrs.fields(Packed)})
+
+
+def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndarray:
+    """The reverse flow's couplings (each: flip the channels, then :func:`run`'s coupling) on
+    ``z [2 half, T]`` (float32; ``gaps`` as :func:`run`'s), returned as a new
+    array, up to float32 summation order the couplings' tiles' result, on up to ``lanes``
+    cores at once without recomputing a halo.
+
+    Each coupling's columns are cut in ``lanes`` pieces (whole Winograd blocks) that run
+    its layers in step: each step (its pre conv, then each WaveNet layer, the last with
+    the post conv) is one piece a core over its own columns, and no piece of a step
+    starts before every piece of the step before it is done (a layer's conv reads its
+    neighbours' columns of the residual stream, kept whole in two buffers, one read and
+    one written). Pieces are claimed from a shared counter a step, so a core that joins
+    late takes fewer or none, one core alone runs them all, and a core waits only for
+    pieces a running core claimed. The four couplings are one split over the cores (one
+    hand-over of the thread pool, not four), a coupling writing its output with the
+    channels flipped for the next. Tiles with a halo on two cores computed 102 columns of
+    a 171-frame coupling each (1.3x a coupling's one-core time; here 1.6x)."""
+    half, c, layers = flow.pre_w.shape[2], flow.pre_w.shape[1], flow.in_u.shape[1]
+    t = z.shape[1]
+    counter = np.zeros(1, np.int64)
+    if (
+        z.dtype != np.float32
+        or z.shape != (2 * half, t)
+        or t < 1
+        or lanes < 1
+        or not counter_and_gaps_fit(counter, gaps, t)
+    ):
+        raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
+    pieces = min(lanes, -(-t // M))
+    step = M * -(-t // (M * pieces))  # widths a multiple of a Winograd block (the last less)
+    bounds = np.minimum(np.arange(pieces + 1, dtype=np.int64) * step, t)
+    pad = (R - 1) // 2
+    first = np.ascontiguousarray(z[::-1])  # the first coupling's flip
+    outs = np.empty((2, 2 * half, t), np.float32)
+    streams = np.zeros((2, c, t + 2 * pad), np.float32)  # zero columns outside [0, T)
+    skip = np.empty((c, t), np.float32)
+    sync = np.zeros(flow.couplings * (layers + 1) * _SYNC_WORDS, np.int64)
+
+    def lane() -> None:
+        blocks = -(-step // M)
+        _flow_steps(
+            first, outs, flow.pre_w, flow.pre_b, flow.in_u, flow.in_b, flow.rs_w, flow.rs_b,
+            flow.post_w, flow.post_b, gaps, bounds, sync, streams, skip,
+            np.empty((2 * c, step), np.float32), np.empty((2 * c, step), np.float32),
+            np.empty((half, step), np.float32), np.empty(POINTS * c * blocks, np.float32),
+            np.empty(POINTS * 2 * c * blocks, np.float32),
+            np.empty(M * (blocks + (POINTS - 1) // M), np.float32), blas.ADDRESS, SCHED_YIELD,
+        )  # fmt: skip
+
+    from backends.piper import host  # the lanes: host's split over the caller's cores
+
+    host.on_lanes(lane, pieces)
+    result: np.ndarray = outs[(flow.couplings - 1) % 2]
+    return result
+
+
+_SYNC_WORDS = 16
+"""A step's two counters (claimed pieces, done pieces) each on its own cache line."""
+
+
+@kernels.compiled
+def _wait_done(sync: Any, at: Any, pieces: Any, yield_fn: Any) -> None:  # pragma: no cover
+    """Spins until ``sync[at]`` (done pieces) reaches ``pieces``: ``pause``, and every 1,024
+    spins ``sched_yield`` (another thread on this core may be the one to finish)."""
+    address = _address(sync) + 8 * at
+    spins = 0
+    while _load(address) < pieces:
+        _pause()
+        spins += 1
+        if spins % 1024 == 0 and yield_fn != 0:
+            _call(yield_fn)
+
+
+@kernels.compiled
+def _zero_gaps(x: Any, pad: Any, a: Any, b: Any, gaps: Any) -> None:  # pragma: no cover
+    """Zeroes the columns of ``gaps`` inside ``[a, b)`` of a stream ``x`` (column ``q`` at
+    ``pad + q``)."""
+    for g in range(gaps.shape[0]):
+        lo, hi = max(gaps[g, 0], a), min(gaps[g, 1], b)
+        for r in range(x.shape[0]):
+            for q in range(lo, hi):
+                x[r, pad + q] = _ZERO
+
+
+_ZERO = np.float32(0.0)
+_IN5 = kernels.array_type(5, readonly=True)
+_BOUNDS = kernels.array_type(1, types.int64, readonly=True)
+_OUT3 = kernels.array_type(3)
+_FLOW = types.void(
+    _IN2, _OUT3, _IN3, _IN2, _IN5, _IN3, _IN4, _IN3, _IN3, _IN2, _GAPS, _BOUNDS, _COUNTER,
+    _OUT3, _OUT2, _OUT2, _OUT2, _OUT2, _OUT1, _OUT1, _OUT1, _I64, _I64,
+)  # fmt: skip
+
+
+@kernels.compiled
+def _layer_piece(
+    sgemm: Any,
+    u: Any,
+    in_b: Any,
+    rs_w: Any,
+    rs_b: Any,
+    x: Any,
+    x_next: Any,
+    skip: Any,
+    last: Any,
+    a: Any,
+    b: Any,
+    gaps: Any,
+    x_in: Any,
+    rs: Any,
+    vbuf: Any,
+    pbuf: Any,
+    phases: Any,
+) -> None:  # pragma: no cover - compiled
+    """One WaveNet layer over columns ``[a, b)``: the in-layer conv of the stream ``x`` (its
+    neighbours' columns read, zero outside), the gate, the res/skip conv, then
+    ``x_next = x + res`` (but after the last layer) and ``skip += skip part``, the gaps'
+    columns of ``x_next`` zeroed (:func:`_tiles`' order of operations)."""
+    c = rs_w.shape[1]
+    pad = (R - 1) // 2
+    n = b - a
+    for r in range(2 * c):
+        value = in_b[r]
+        row = x_in[r, :n]
+        for q in range(n):
+            row[q] = value
+    _winograd(sgemm, u, x, n + 2 * pad, x_in, 0, n, vbuf, pbuf, phases, a)
+    flat = x_in.reshape(-1)
+    ld = x_in.shape[1]
+    kernels.gate_rows(flat, ld, flat[c * ld :], ld, c, n)
+    rows = c if last else 2 * c
+    _pointwise(sgemm, rs_w, rs_b, rows, x_in[:c], 0, rs, 0, n)
+    for r in range(c):
+        if last:
+            accumulate_row(rs[r, :n], skip[r, a:b])
+        else:
+            src, dst, res = x[r, pad + a : pad + b], x_next[r, pad + a : pad + b], rs[r, :n]
+            for q in range(n):
+                dst[q] = src[q] + res[q]
+            accumulate_row(rs[c + r, :n], skip[r, a:b])
+    if not last:
+        _zero_gaps(x_next, pad, a, b, gaps)
+
+
+@kernels.kernel(_FLOW)
+def _flow_steps(
+    first: Any,
+    outs: Any,
+    pre_w: Any,
+    pre_b: Any,
+    in_u: Any,
+    in_b: Any,
+    rs_w: Any,
+    rs_b: Any,
+    post_w: Any,
+    post_b: Any,
+    gaps: Any,
+    bounds: Any,
+    sync: Any,
+    streams: Any,
+    skip: Any,
+    x_in: Any,
+    rs: Any,
+    m: Any,
+    vbuf: Any,
+    pbuf: Any,
+    phases: Any,
+    sgemm: Any,
+    yield_fn: Any,
+) -> None:  # pragma: no cover - compiled
+    """:func:`run_flow`'s lane: every step's pieces it claims, in step order, with its own
+    buffers (``x_in``, ``rs``, ``m`` and the transforms'); ``outs`` (the couplings' outputs,
+    two in turn), the residual streams, ``skip`` and ``sync`` shared. A layer's operations
+    on a piece are :func:`_tiles`' on a tile, in their order."""
+    couplings, layers = in_u.shape[0], in_u.shape[1]
+    c, half = pre_w.shape[1], pre_w.shape[2]
+    pad = (R - 1) // 2
+    pieces = bounds.shape[0] - 1
+    for k in range(couplings):
+        z = first if k == 0 else outs[(k - 1) % 2]
+        out = outs[k % 2]
+        flip = k < couplings - 1  # the next coupling's input: channels reversed
+        for s in range(layers + 1):
+            at = (k * (layers + 1) + s) * _SYNC_WORDS
+            while True:
+                p = _atomic_add(_address(sync) + 8 * at, 1)
+                if p >= pieces:
+                    break
+                a, b = bounds[p], bounds[p + 1]
+                if s == 0:  # the pre conv of z[:half] into the first stream; skip zeroed
+                    _pointwise(sgemm, pre_w[k], pre_b[k], c, z, a, streams[0], pad + a, b - a)
+                    _zero_gaps(streams[0], pad, a, b, gaps)
+                    skip[:, a:b] = 0
+                else:
+                    _layer_piece(
+                        sgemm, in_u[k, s - 1], in_b[k, s - 1], rs_w[k, s - 1], rs_b[k, s - 1],
+                        streams[(s - 1) % 2], streams[s % 2], skip, s == layers, a, b, gaps,
+                        x_in, rs, vbuf, pbuf, phases,
+                    )  # fmt: skip
+                    if s == layers:  # the post conv and the output over the piece's columns
+                        _pointwise(sgemm, post_w[k], post_b[k], half, skip, a, m, 0, b - a)
+                        for r in range(half):
+                            lo = 2 * half - 1 - r if flip else r
+                            hi = half - 1 - r if flip else half + r
+                            out[lo, a:b] = z[r, a:b]
+                            zr, mr, orow = z[half + r, a:b], m[r, : b - a], out[hi, a:b]
+                            for q in range(b - a):
+                                orow[q] = zr[q] - mr[q]
+                _atomic_add(_address(sync) + 8 * (at + _SYNC_WORDS // 2), 1)
+            _wait_done(sync, at + _SYNC_WORDS // 2, pieces, yield_fn)

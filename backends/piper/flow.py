@@ -68,6 +68,7 @@ def flow_reverse_host(
     z: np.ndarray,
     gaps: host.Gaps = (),
     packed: Mapping[str, coupling_tiles.Packed | None] | None = None,
+    stacked: coupling_tiles.Flow | None = None,
 ) -> np.ndarray:
     """:func:`flow_reverse` on host arrays with fused convs: z_p [C, T'] -> z [C, T'].
 
@@ -77,11 +78,15 @@ def flow_reverse_host(
     first in column tiles over the cores (:func:`_coupling_tile`). A coupling in
     ``packed`` (:func:`prepare_couplings`) runs in compiled tiles instead, one call per
     core without the GIL (:mod:`backends.piper.coupling_tiles`): the same tiles on several
-    cores, one tile as wide as ``z`` on one.
+    cores, one tile as wide as ``z`` on one. With them all ``stacked``
+    (:func:`stack_couplings`), several cores run the four couplings in one compiled split,
+    layer by layer in step, without tiles' halos (:func:`coupling_tiles.run_flow`).
     """
     half = h.inter // 2
     tile = _coupling_tile(z.shape[1])
     at = np.clip(np.array(gaps, np.int64).reshape(-1, 2), 0, z.shape[1])  # as slicing clips
+    if stacked is not None and tile is not None and USE_LOCKSTEP and USE_COMPILED_TILES:
+        return coupling_tiles.run_flow(z, stacked, at, parallel.SHARE.share())
     for i in reversed(range(0, 2 * h.flow_layers, 2)):
         z = z[::-1]  # Flip (a view; the coupling writes a new array)
         p = f"flow.flows.{i}"
@@ -103,6 +108,11 @@ def flow_reverse_host(
     return np.ascontiguousarray(z)
 
 
+USE_LOCKSTEP = True
+"""On several cores, the couplings' columns in pieces run layer by layer in step, all four
+couplings in one split (:func:`coupling_tiles.run_flow`); False: each coupling in tiles
+with a halo (for comparisons)."""
+
 USE_COMPILED_TILES = True
 """Run the couplings :func:`prepare_couplings` packed in compiled tiles (False: from
 Python, for comparisons)."""
@@ -121,6 +131,24 @@ def prepare_couplings(
         if packed is not None:
             coupling_tiles.share_weights(packed, prep, p, h.flow_wn_layers)
     return found
+
+
+def stack_couplings(
+    couplings: dict[str, coupling_tiles.Packed | None], prep: dict[str, host.ConvWeights], h: Hyper
+) -> coupling_tiles.Flow | None:
+    """The couplings :func:`prepare_couplings` packed, stacked in the order the reverse flow
+    runs them (:class:`coupling_tiles.Flow`, for :func:`coupling_tiles.run_flow`; None when
+    one of them was not packed). ``couplings`` and the convs in ``prep`` are then replaced
+    by views of the stack, so a model still holds one copy of the weights."""
+    names = [f"flow.flows.{i}" for i in reversed(range(0, 2 * h.flow_layers, 2))]
+    packs = [couplings.get(p) for p in names]
+    flow = coupling_tiles.Flow.stack([p for p in packs if p is not None])
+    if flow is None or len(packs) != flow.couplings:
+        return None
+    for k, p in enumerate(names):
+        couplings[p] = packed = flow.coupling(k)
+        coupling_tiles.share_weights(packed, prep, p, h.flow_wn_layers)
+    return flow
 
 
 def _compiled_coupling(

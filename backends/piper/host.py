@@ -780,3 +780,6 @@ class Prepared:
     couplings: Mapping[str, coupling_tiles.Packed | None] = attrs.field(factory=dict)
     """The flow's couplings packed for the compiled tiles, by module name
     (:func:`backends.piper.flow.prepare_couplings`)."""
+    flow: coupling_tiles.Flow | None = None
+    """The same couplings stacked in their running order, for the whole flow in one split
+    (:func:`backends.piper.flow.stack_couplings`)."""

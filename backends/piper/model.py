@@ -17,7 +17,13 @@ from backends.base import Array, ArrayBackend
 from backends.piper import host
 from backends.piper.api import FrameLimitError
 from backends.piper.duration import log_durations
-from backends.piper.flow import flow_reverse, flow_reverse_host, prepare_couplings, prepare_flow
+from backends.piper.flow import (
+    flow_reverse,
+    flow_reverse_host,
+    prepare_couplings,
+    prepare_flow,
+    stack_couplings,
+)
 from backends.piper.generator import (
     PACK_GAP,
     generate,
@@ -98,7 +104,8 @@ class PiperModel:
         stages = prepare_stages(convs, h)
         convs_all = {**prepare_encoder(w, h), **prepare_flow(w, h), **convs}
         couplings = prepare_couplings(convs_all, h)
-        return host.Prepared(convs_all, ups, stages, couplings)
+        stacked = stack_couplings(couplings, convs_all, h)
+        return host.Prepared(convs_all, ups, stages, couplings, stacked)
 
     def synthesize_ids(
         self,
@@ -233,7 +240,9 @@ class PiperModel:
     def _flow_host(self, z_p: np.ndarray, gaps: host.Gaps) -> np.ndarray:
         assert self.prepared is not None
         prepared = self.prepared
-        return flow_reverse_host(prepared.convs, self.hyper, z_p, gaps, prepared.couplings)
+        return flow_reverse_host(
+            prepared.convs, self.hyper, z_p, gaps, prepared.couplings, prepared.flow
+        )
 
     def decode_one(self, be: ArrayBackend, z_p: Array) -> np.ndarray:
         """Flow and HiFi-GAN of one latent [1, C, T'] -> audio [T' * hop] (host float32)."""

@@ -82,7 +82,8 @@ def test_piper_voice_couplings_are_packed_and_a_request_keeps_its_bits_on_two_co
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Piper's own voice: every coupling packed; a sentence at two cores gives the same
-    samples with and without the compiled tiles."""
+    samples with and without the compiled tiles (the flow in step over column pieces, the
+    default on several cores, within float32 summation order of them)."""
     from threadpoolctl import threadpool_limits
 
     from backends.piper import PiperRequest, load_factory
@@ -97,11 +98,16 @@ def test_piper_voice_couplings_are_packed_and_a_request_keeps_its_bits_on_two_co
     runs = []
     with threadpool_limits(limits=2, user_api="blas"):
         monkeypatch.setattr(parallel.SHARE, "share", lambda: 2)
+        monkeypatch.setattr(flow, "USE_LOCKSTEP", False)
         for compiled in (False, True):
             monkeypatch.setattr(flow, "USE_COMPILED_TILES", compiled)
             runs.append(np.asarray(session.run(request).audio))
+        monkeypatch.setattr(flow, "USE_LOCKSTEP", True)
+        in_step = np.asarray(session.run(request).audio)
     assert runs[0].size > 10_000
     assert np.array_equal(runs[0], runs[1])
+    assert in_step.shape == runs[0].shape
+    np.testing.assert_allclose(in_step, runs[0], atol=1e-4)
 
 
 def _args(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
