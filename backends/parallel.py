@@ -291,3 +291,14 @@ def sequential() -> AbstractContextManager[None]:
 def one_thread() -> AbstractContextManager[None]:
     """:meth:`CoreShare.one_thread` on the process's share."""
     return SHARE.one_thread()
+
+
+def on_lanes(lane: Callable[[], None], tiles: int) -> None:
+    """``lane()`` on each of up to ``tiles`` cores of the caller's share (one BLAS thread each;
+    once, on the caller, with a share of one), for work that hands itself out: every call
+    takes pieces from one shared queue or counter until none is left (Piper's tiles)."""
+    n = max(1, min(SHARE.share(), tiles))
+    if n == 1:
+        lane()
+        return
+    run_pieces(lambda _: lane(), [None] * n)

@@ -30,7 +30,7 @@ import attrs
 import numpy as np
 from numba.core import types
 
-from backends import kernels
+from backends import kernels, parallel
 from backends.handoff import SCHED_YIELD
 from backends.intrinsics import add as _atomic_add
 from backends.intrinsics import call as _call
@@ -403,9 +403,7 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
             np.empty(M * (blocks + (POINTS - 1) // M), np.float32), blas.ADDRESS, SCHED_YIELD,
         )  # fmt: skip
 
-    from backends.piper import host  # the lanes: host's split over the caller's cores
-
-    host.on_lanes(lane, pieces)
+    parallel.on_lanes(lane, pieces)
     result: np.ndarray = outs[(flow.couplings - 1) % 2]
     return result
 

@@ -169,7 +169,7 @@ def _compiled_coupling(
     def lane() -> None:
         coupling_tiles.run(z, packed, out, gaps, width, counter)
 
-    host.on_lanes(lane, -(-t // width))
+    parallel.on_lanes(lane, -(-t // width))
 
 
 COUPLING_TILE = 128

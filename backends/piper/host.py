@@ -322,7 +322,7 @@ def resblocks(
             buffers = resblock_tiles.scratch(packed, tile, t)
             resblock_tiles.run(x, packed, out, slope, post_slope, at, tile, counter, buffers)
 
-        on_lanes(lane, -(-t // tile))
+        parallel.on_lanes(lane, -(-t // tile))
         return
 
     def piece(run: Iterator[int]) -> None:
@@ -349,18 +349,7 @@ def split(piece: Callable[[Iterator[int]], None], starts: range) -> None:
         piece(iter(starts))
         return
     queue = _Tiles(starts)
-    on_lanes(lambda: piece(queue), len(starts))
-
-
-def on_lanes(lane: Callable[[], None], tiles: int) -> None:
-    """``lane()`` on each of up to ``tiles`` cores of the caller's share (one BLAS thread
-    each; once, on the caller, with a share of one): every call takes tiles from one
-    shared queue until none is left (:func:`split`)."""
-    n = max(1, min(parallel.SHARE.share(), tiles))
-    if n == 1:
-        lane()
-        return
-    parallel.run_pieces(lambda _: lane(), [None] * n)
+    parallel.on_lanes(lambda: piece(queue), len(starts))
 
 
 class _Tiles:
