@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -11,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from threadpoolctl import threadpool_limits
 
 from backends.numpy_backend import NumpyBackend
 from backends.piper import PiperModel, duration, load_model
@@ -22,10 +20,7 @@ from backends.piper.phonemize import phoneme_ids, phonemize
 BE = NumpyBackend()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 def _weights(rng: np.random.Generator, c: int, k: int, layers: int) -> dict[str, np.ndarray]:

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import functools
 import resource
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from backends.piper import PiperFactory, PiperModel, PiperRequest, load_model
 from backends.piper.generator import generate_host
 from backends.workspace import Workspace
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_blas_thread() -> Iterator[None]:
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @functools.cache
