@@ -242,6 +242,55 @@ _SIGNATURE = types.int64(
 )  # fmt: skip
 
 
+@kernels.compiled
+def _gated_res_skip(
+    sgemm: Any,
+    u: Any,
+    in_b: Any,
+    rs_w: Any,
+    rs_b: Any,
+    rows: Any,
+    x: Any,
+    start: Any,
+    x_in: Any,
+    col: Any,
+    n: Any,
+    rs: Any,
+    vbuf: Any,
+    pbuf: Any,
+    phases: Any,
+) -> None:  # pragma: no cover - compiled
+    """A WaveNet layer up to its res/skip conv over ``n`` columns: ``x_in[:, col : col + n]`` =
+    the in-layer's bias plus its conv of ``x`` from column ``start`` (``F(4, 5)``), gated
+    (``tanh`` of the first ``C`` rows times ``sigmoid`` of the others, into the first), then
+    ``rs[:rows, col : col + n]`` = the res/skip 1x1 conv of the gated rows."""
+    c = rs_w.shape[1]
+    for r in range(2 * c):
+        value = in_b[r]
+        row = x_in[r, col : col + n]
+        for q in range(n):
+            row[q] = value
+    _winograd(sgemm, u, x, n + R - 1, x_in, col, n, vbuf, pbuf, phases, start)
+    flat = x_in.reshape(-1)
+    ld = x_in.shape[1]
+    kernels.gate_rows(flat[col:], ld, flat[c * ld + col :], ld, c, n)
+    _pointwise(sgemm, rs_w, rs_b, rows, x_in[:c], col, rs, col, n)
+
+
+@kernels.compiled
+def _coupling_out(z: Any, m: Any, out: Any, a: Any, b: Any, flip: Any) -> None:  # pragma: no cover
+    """A coupling's output over columns ``[a, b)``: ``out[:half] = z[:half]``, ``out[half:] =
+    z[half:] - m`` (``m [half, >= b - a]``), its rows reversed when ``flip``."""
+    half = m.shape[0]
+    for r in range(half):
+        lo = 2 * half - 1 - r if flip else r
+        hi = half - 1 - r if flip else half + r
+        out[lo, a:b] = z[r, a:b]
+        zr, mr, orow = z[half + r, a:b], m[r, : b - a], out[hi, a:b]
+        for q in range(b - a):
+            orow[q] = zr[q] - mr[q]
+
+
 @kernels.kernel(_SIGNATURE)
 def _tiles(
     z: Any,
@@ -291,17 +340,11 @@ def _tiles(
         skip[:, :w] = 0
         for j in range(layers):
             zero_outside(x, w, e0, t, gaps)
-            for r in range(2 * c):
-                value = in_b[j, r]
-                row = x_in[r, pad : w - pad]
-                for q in range(w - 2 * pad):
-                    row[q] = value
-            _winograd(sgemm, in_u[j], x, w, x_in, pad, w - 2 * pad, vbuf, pbuf, phases)
-            flat = x_in.reshape(-1)
-            ld = x_in.shape[1]
-            kernels.gate_rows(flat[pad:], ld, flat[c * ld + pad :], ld, c, w - 2 * pad)
             rows = 2 * c if j < layers - 1 else c
-            _pointwise(sgemm, rs_w[j], rs_b[j], rows, x_in[:c], pad, rs, pad, w - 2 * pad)
+            _gated_res_skip(
+                sgemm, in_u[j], in_b[j], rs_w[j], rs_b[j], rows, x, 0, x_in, pad, w - 2 * pad,
+                rs, vbuf, pbuf, phases,
+            )  # fmt: skip
             for r in range(c):
                 if j < layers - 1:
                     accumulate_row(rs[r, pad : w - pad], x[r, pad : w - pad])
@@ -309,11 +352,7 @@ def _tiles(
                 else:
                     accumulate_row(rs[r, pad : w - pad], skip[r, pad : w - pad])
         _pointwise(sgemm, post_w, post_b, half, skip, halo, m, 0, n)
-        for r in range(half):
-            out[r, t0 : t0 + n] = z[r, t0 : t0 + n]
-            zr, mr, orow = z[half + r, t0 : t0 + n], m[r, :n], out[half + r, t0 : t0 + n]
-            for q in range(n):
-                orow[q] = zr[q] - mr[q]
+        _coupling_out(z, m, out, t0, t0 + n, False)
         done += 1
 
 
@@ -473,17 +512,8 @@ def _layer_piece(
     c = rs_w.shape[1]
     pad = (R - 1) // 2
     n = b - a
-    for r in range(2 * c):
-        value = in_b[r]
-        row = x_in[r, :n]
-        for q in range(n):
-            row[q] = value
-    _winograd(sgemm, u, x, n + 2 * pad, x_in, 0, n, vbuf, pbuf, phases, a)
-    flat = x_in.reshape(-1)
-    ld = x_in.shape[1]
-    kernels.gate_rows(flat, ld, flat[c * ld :], ld, c, n)
     rows = c if last else 2 * c
-    _pointwise(sgemm, rs_w, rs_b, rows, x_in[:c], 0, rs, 0, n)
+    _gated_res_skip(sgemm, u, in_b, rs_w, rs_b, rows, x, a, x_in, 0, n, rs, vbuf, pbuf, phases)
     for r in range(c):
         if last:
             accumulate_row(rs[r, :n], skip[r, a:b])
@@ -553,12 +583,6 @@ def _flow_steps(
                     )  # fmt: skip
                     if s == layers:  # the post conv and the output over the piece's columns
                         _pointwise(sgemm, post_w[k], post_b[k], half, skip, a, m, 0, b - a)
-                        for r in range(half):
-                            lo = 2 * half - 1 - r if flip else r
-                            hi = half - 1 - r if flip else half + r
-                            out[lo, a:b] = z[r, a:b]
-                            zr, mr, orow = z[half + r, a:b], m[r, : b - a], out[hi, a:b]
-                            for q in range(b - a):
-                                orow[q] = zr[q] - mr[q]
+                        _coupling_out(z, m, out, a, b, flip)
                 _atomic_add(_address(sync) + 8 * (at + _SYNC_WORDS // 2), 1)
             _wait_done(sync, at + _SYNC_WORDS // 2, pieces, yield_fn)
