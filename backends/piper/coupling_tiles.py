@@ -371,6 +371,23 @@ class Flow:
     post_w: np.ndarray
     post_b: np.ndarray
 
+    def __attrs_post_init__(self) -> None:
+        """Refuses arrays :func:`run_flow`'s compiled loop would read out of bounds: ``K``
+        couplings of ``L`` layers, ``C`` hidden and ``half`` channels, float32, C-contiguous."""
+        k, c, half = self.pre_w.shape if self.pre_w.ndim == 3 else (0, 0, 0)
+        layers = self.in_u.shape[1] if self.in_u.ndim == 5 else 0
+        shapes = {
+            "pre_w": (k, c, half), "pre_b": (k, c), "in_u": (k, layers, POINTS, 2 * c, c),
+            "in_b": (k, layers, 2 * c), "rs_w": (k, layers, 2 * c, c), "rs_b": (k, layers, 2 * c),
+            "post_w": (k, half, c), "post_b": (k, half),
+        }  # fmt: skip
+        for name, shape in shapes.items():
+            a = getattr(self, name)
+            if a.shape != shape or a.dtype != np.float32 or not a.flags.c_contiguous or 0 in shape:
+                raise ValueError(
+                    f"coupling_tiles.Flow: {name} must be C-contiguous float32 {shape}"
+                )
+
     @staticmethod
     def stack(couplings: Sequence[Packed]) -> Flow | None:
         """The couplings in one :class:`Flow` (None when there are none or their shapes differ)."""
@@ -421,8 +438,8 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
         or not counter_and_gaps_fit(counter, gaps, t)
     ):
         raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
-    pieces = min(lanes, -(-t // M))
-    step = M * -(-t // (M * pieces))  # widths a multiple of a Winograd block (the last less)
+    step = M * -(-t // (M * min(lanes, -(-t // M))))  # whole Winograd blocks (the last less)
+    pieces = -(-t // step)  # none empty (an empty piece would call the BLAS with N = 0)
     bounds = np.minimum(np.arange(pieces + 1, dtype=np.int64) * step, t)
     pad = (R - 1) // 2
     first = np.ascontiguousarray(z[::-1])  # the first coupling's flip

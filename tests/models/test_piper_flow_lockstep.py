@@ -112,6 +112,38 @@ def test_run_flow_refuses_what_it_would_read_or_write_out_of_bounds(
         coupling_tiles.run_flow(**args)
 
 
+@pytest.mark.parametrize(("t", "lanes"), [(17, 4), (13, 3), (5, 2), (1, 4)])
+def test_no_piece_is_empty(t: int, lanes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short inputs on many lanes get fewer pieces, never an empty one (whose products would
+    call the BLAS with no columns); the values stay the conv-by-conv ones."""
+    h, prep, z, gaps, _, stacked = _case(t, monkeypatch)
+    seen: list[np.ndarray] = []
+    real = coupling_tiles._flow_steps
+
+    def spy(*args: Any) -> None:
+        seen.append(np.array(args[11]))  # the pieces' bounds
+        real(*args)
+
+    monkeypatch.setattr(coupling_tiles, "_flow_steps", spy)
+    got = coupling_tiles.run_flow(z.copy(), stacked, _gaps(gaps), lanes)
+    assert seen and all(np.all(np.diff(b) > 0) and b[-1] == t for b in seen)
+    ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    np.testing.assert_allclose(got, ref, atol=TOL, rtol=TOL)
+
+
+def test_a_flow_of_inconsistent_shapes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    *_, stacked = _case(50, monkeypatch)
+    fields = ("pre_w", "pre_b", "in_u", "in_b", "rs_w", "rs_b", "post_w", "post_b")
+    arrays = {f: getattr(stacked, f) for f in fields}
+    for name, bad in (
+        ("rs_w", arrays["rs_w"][..., :-1]),
+        ("post_w", np.ascontiguousarray(arrays["post_w"][:, :, :-1])),
+        ("in_b", arrays["in_b"].astype(np.float64)),
+    ):
+        with pytest.raises(ValueError, match=r"coupling_tiles\.Flow"):
+            coupling_tiles.Flow(**{**arrays, name: bad})
+
+
 def test_only_couplings_all_packed_alike_are_stacked(monkeypatch: pytest.MonkeyPatch) -> None:
     h, prep, z, gaps, packed, stacked = _case(50, monkeypatch)
     first = stacked.coupling(0)
