@@ -174,13 +174,15 @@ def _conv_rows(a: Any, piece: Any) -> None:  # pragma: no cover - compiled
 
 
 @kernels.compiled
-def _wait(board: Any, spins: Any) -> Any:  # pragma: no cover - compiled
+def spin(yield_fn: Any, spins: Any) -> Any:  # pragma: no cover - compiled
     """One spin of a waiting thread (its ``spins`` so far): ``pause``, and every
-    :data:`YIELD_EVERY` spins ``sched_yield``. Returns the new count."""
+    :data:`YIELD_EVERY` spins the C function at ``yield_fn`` (``sched_yield``:
+    :data:`SCHED_YIELD`; 0: none). Returns the new count. For any compiled wait on another
+    thread's progress (the board here, :mod:`backends.piper.coupling_tiles`' steps)."""
     _pause()
     spins += 1
-    if spins % YIELD_EVERY == 0 and board[YIELD] != 0:
-        _call(board[YIELD])
+    if spins % YIELD_EVERY == 0 and yield_fn != 0:
+        _call(yield_fn)
     return spins
 
 
@@ -226,7 +228,7 @@ def _serve(board: Any, idle: Any, index: Any) -> None:  # pragma: no cover - com
         elif _load(_slot(board, STOP)) != 0 or _cycles() - last > idle:
             break
         else:
-            spins = _wait(board, spins)
+            spins = spin(board[YIELD], spins)
     _store(awake, 0)
 
 
@@ -244,7 +246,7 @@ def _master(board: Any) -> None:  # pragma: no cover - compiled
     done = _slot(board, DONE)
     spins = 0
     while _load(done) < count:
-        spins = _wait(board, spins)
+        spins = spin(board[YIELD], spins)
 
 
 _IN1, _IN2 = kernels.array_type(1, readonly=True), kernels.array_type(2, readonly=True)

@@ -31,15 +31,18 @@ import numpy as np
 from numba.core import types
 
 from backends import kernels, parallel
-from backends.handoff import SCHED_YIELD
+from backends.handoff import SCHED_YIELD, spin
 from backends.intrinsics import add as _atomic_add
-from backends.intrinsics import call as _call
 from backends.intrinsics import load as _load
-from backends.intrinsics import pause as _pause
 from backends.intrinsics import sgemm as _sgemm
 from backends.piper import blas
 from backends.piper.conv_weights import ConvWeights
-from backends.piper.resblock_tiles import accumulate_row, counter_and_gaps_fit, zero_outside
+from backends.piper.resblock_tiles import (
+    accumulate_row,
+    counter_and_gaps_fit,
+    gaps_fit,
+    zero_outside,
+)
 from backends.piper.winograd_kernels import input_4_5, output_4_5
 
 M, R = 4, 5
@@ -429,13 +432,12 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
     a 171-frame coupling each (1.3x a coupling's one-core time; here 1.6x)."""
     half, c, layers = flow.pre_w.shape[2], flow.pre_w.shape[1], flow.in_u.shape[1]
     t = z.shape[1]
-    counter = np.zeros(1, np.int64)
     if (
         z.dtype != np.float32
         or z.shape != (2 * half, t)
         or t < 1
         or lanes < 1
-        or not counter_and_gaps_fit(counter, gaps, t)
+        or not gaps_fit(gaps, t)
     ):
         raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
     step = M * -(-t // (M * min(lanes, -(-t // M))))  # whole Winograd blocks (the last less)
@@ -470,29 +472,14 @@ _SYNC_WORDS = 16
 
 @kernels.compiled
 def _wait_done(sync: Any, at: Any, pieces: Any, yield_fn: Any) -> None:  # pragma: no cover
-    """Spins until ``sync[at]`` (done pieces) reaches ``pieces``: ``pause``, and every 1,024
-    spins ``sched_yield`` (another thread on this core may be the one to finish)."""
+    """Spins (:func:`backends.handoff.spin`) until ``sync[at]`` (done pieces) reaches
+    ``pieces``."""
     address = _address(sync) + 8 * at
     spins = 0
     while _load(address) < pieces:
-        _pause()
-        spins += 1
-        if spins % 1024 == 0 and yield_fn != 0:
-            _call(yield_fn)
+        spins = spin(yield_fn, spins)
 
 
-@kernels.compiled
-def _zero_gaps(x: Any, pad: Any, a: Any, b: Any, gaps: Any) -> None:  # pragma: no cover
-    """Zeroes the columns of ``gaps`` inside ``[a, b)`` of a stream ``x`` (column ``q`` at
-    ``pad + q``)."""
-    for g in range(gaps.shape[0]):
-        lo, hi = max(gaps[g, 0], a), min(gaps[g, 1], b)
-        for r in range(x.shape[0]):
-            for q in range(lo, hi):
-                x[r, pad + q] = _ZERO
-
-
-_ZERO = np.float32(0.0)
 _IN5 = kernels.array_type(5, readonly=True)
 _BOUNDS = kernels.array_type(1, types.int64, readonly=True)
 _OUT3 = kernels.array_type(3)
@@ -539,8 +526,8 @@ def _layer_piece(
             for q in range(n):
                 dst[q] = src[q] + res[q]
             accumulate_row(rs[c + r, :n], skip[r, a:b])
-    if not last:
-        _zero_gaps(x_next, pad, a, b, gaps)
+    if not last:  # the gaps' columns (all of [a, b) is inside [0, T))
+        zero_outside(x_next[:, pad + a :], n, a, x.shape[1] - 2 * pad, gaps)
 
 
 @kernels.kernel(_FLOW)
@@ -590,7 +577,7 @@ def _flow_steps(
                 a, b = bounds[p], bounds[p + 1]
                 if s == 0:  # the pre conv of z[:half] into the first stream; skip zeroed
                     _pointwise(sgemm, pre_w[k], pre_b[k], c, z, a, streams[0], pad + a, b - a)
-                    _zero_gaps(streams[0], pad, a, b, gaps)
+                    zero_outside(streams[0][:, pad + a :], b - a, a, z.shape[1], gaps)
                     skip[:, a:b] = 0
                 else:
                     _layer_piece(

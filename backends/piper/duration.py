@@ -127,14 +127,14 @@ def _channel_norm(
     the loops run along the rows."""
     c, t = x.shape
     size = np.float32(c)
-    _column_sums(x, sums)
+    _column_sums(x, sums, False)
     mean = sums[8]
     for q in range(t):
         mean[q] = _folded(sums, q) / size
     for r in range(c):
         for q in range(t):
             out[r, q] = x[r, q] - mean[q]
-    _column_squares(out, sums)
+    _column_sums(out, sums, True)
     std = sums[9]
     for q in range(t):
         std[q] = np.sqrt(_folded(sums, q) / size + eps)
@@ -153,35 +153,23 @@ def _folded(sums: Any, q: Any) -> Any:  # pragma: no cover - compiled
 
 
 @kernels.compiled
-def _column_sums(x: Any, sums: Any) -> None:  # pragma: no cover - compiled
-    """``sums[k]`` = the sum of rows ``k, k + 8, ...`` of ``x`` (the rest past the last full
-    eight added to ``sums[0]``), in row order: a row's partial sums as
+def _column_sums(x: Any, sums: Any, squares: Any) -> None:  # pragma: no cover - compiled
+    """``sums[k]`` = the sum of rows ``k, k + 8, ...`` of ``x`` (or of ``x * x``, each square
+    rounded to float32 first, as the row kernel stores it, when ``squares``; the rows past
+    the last full eight added to ``sums[0]``), in row order: a row's partial sums as
     :func:`backends.kernels._row_sum` makes them, for every column."""
-    c, t = x.shape
-    sums[:8, :t] = 0
-    end = c - c % 8
-    for r in range(end):
-        s, row = sums[r % 8], x[r]
-        for q in range(t):
-            s[q] += row[q]
-    for r in range(end, c):
-        s, row = sums[0], x[r]
-        for q in range(t):
-            s[q] += row[q]
-
-
-@kernels.compiled
-def _column_squares(x: Any, sums: Any) -> None:  # pragma: no cover - compiled
-    """:func:`_column_sums` of ``x * x`` (each square rounded to float32 first, as the row
-    kernel stores it)."""
     c, t = x.shape
     sums[:8, :t] = 0
     end = c - c % 8
     for r in range(c):
         s, row = sums[r % 8 if r < end else 0], x[r]
-        for q in range(t):
-            v = row[q] * row[q]
-            s[q] += v
+        if squares:
+            for q in range(t):
+                v = row[q] * row[q]
+                s[q] += v
+        else:
+            for q in range(t):
+                s[q] += row[q]
 
 
 @kernels.compiled

@@ -181,7 +181,14 @@ def counter_and_gaps_fit(counter: np.ndarray, gaps: np.ndarray, t: int) -> bool:
         counter.dtype == np.int64
         and counter.shape == (1,)
         and int(counter[0]) >= 0
-        and gaps.dtype == np.int64
+        and gaps_fit(gaps, t)
+    )
+
+
+def gaps_fit(gaps: np.ndarray, t: int) -> bool:
+    """Whether ``gaps`` are int64 [g, 2] column ranges inside ``[0, t)``."""
+    return (
+        gaps.dtype == np.int64
         and gaps.ndim == 2
         and gaps.shape[1] == 2
         and all(0 <= g0 <= g1 <= t for g0, g1 in gaps.tolist())
