@@ -413,59 +413,6 @@ class Flow:
         return Packed(**{f.name: getattr(self, f.name)[k] for f in attrs.fields(Packed)})
 
 
-def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndarray:
-    """The reverse flow's couplings (each: flip the channels, then :func:`run`'s coupling) on
-    ``z [2 half, T]`` (float32; ``gaps`` as :func:`run`'s), returned as a new
-    array, up to float32 summation order the couplings' tiles' result, on up to ``lanes``
-    cores at once without recomputing a halo.
-
-    Each coupling's columns are cut in ``lanes`` pieces (whole Winograd blocks) that run
-    its layers in step: each step (its pre conv, then each WaveNet layer, the last with
-    the post conv) is one piece a core over its own columns, and no piece of a step
-    starts before every piece of the step before it is done (a layer's conv reads its
-    neighbours' columns of the residual stream, kept whole in two buffers, one read and
-    one written). Pieces are claimed from a shared counter a step, so a core that joins
-    late takes fewer or none, one core alone runs them all, and a core waits only for
-    pieces a running core claimed. The four couplings are one split over the cores (one
-    hand-over of the thread pool, not four), a coupling writing its output with the
-    channels flipped for the next. Tiles with a halo on two cores computed 102 columns of
-    a 171-frame coupling each (1.3x a coupling's one-core time; here 1.6x)."""
-    half, c, layers = flow.pre_w.shape[2], flow.pre_w.shape[1], flow.in_u.shape[1]
-    t = z.shape[1]
-    if (
-        z.dtype != np.float32
-        or z.shape != (2 * half, t)
-        or t < 1
-        or lanes < 1
-        or not gaps_fit(gaps, t)
-    ):
-        raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
-    step = M * -(-t // (M * min(lanes, -(-t // M))))  # whole Winograd blocks (the last less)
-    pieces = -(-t // step)  # none empty (an empty piece would call the BLAS with N = 0)
-    bounds = np.minimum(np.arange(pieces + 1, dtype=np.int64) * step, t)
-    pad = (R - 1) // 2
-    first = np.ascontiguousarray(z[::-1])  # the first coupling's flip
-    outs = np.empty((2, 2 * half, t), np.float32)
-    streams = np.zeros((2, c, t + 2 * pad), np.float32)  # zero columns outside [0, T)
-    skip = np.empty((c, t), np.float32)
-    sync = np.zeros(flow.couplings * (layers + 1) * _SYNC_WORDS, np.int64)
-
-    def lane() -> None:
-        blocks = -(-step // M)
-        _flow_steps(
-            first, outs, flow.pre_w, flow.pre_b, flow.in_u, flow.in_b, flow.rs_w, flow.rs_b,
-            flow.post_w, flow.post_b, gaps, bounds, sync, streams, skip,
-            np.empty((2 * c, step), np.float32), np.empty((2 * c, step), np.float32),
-            np.empty((half, step), np.float32), np.empty(POINTS * c * blocks, np.float32),
-            np.empty(POINTS * 2 * c * blocks, np.float32),
-            np.empty(M * (blocks + (POINTS - 1) // M), np.float32), blas.ADDRESS, SCHED_YIELD,
-        )  # fmt: skip
-
-    parallel.on_lanes(lane, pieces)
-    result: np.ndarray = outs[(flow.couplings - 1) % 2]
-    return result
-
-
 _SYNC_WORDS = 16
 """A step's two counters (claimed pieces, done pieces) each on its own cache line."""
 
@@ -483,51 +430,102 @@ def _wait_done(sync: Any, at: Any, pieces: Any, yield_fn: Any) -> None:  # pragm
 _IN5 = kernels.array_type(5, readonly=True)
 _BOUNDS = kernels.array_type(1, types.int64, readonly=True)
 _OUT3 = kernels.array_type(3)
-_FLOW = types.void(
-    _IN2, _OUT3, _IN3, _IN2, _IN5, _IN3, _IN4, _IN3, _IN3, _IN2, _GAPS, _BOUNDS, _COUNTER,
-    _OUT3, _OUT2, _OUT2, _OUT2, _OUT2, _OUT1, _OUT1, _OUT1, _I64, _I64,
-)  # fmt: skip
 
 
 @kernels.compiled
-def _layer_piece(
+def _in_layer_rows(
     sgemm: Any,
     u: Any,
     in_b: Any,
+    v: Any,
+    n: Any,
+    r0: Any,
+    r1: Any,
+    x_in: Any,
+    pbuf: Any,
+    scratch: Any,
+) -> None:  # pragma: no cover - compiled
+    """Channels ``[r0, r1)`` of a WaveNet in-layer's gate over ``n`` columns: rows ``h C + r``
+    (``h`` 0 and 1) of ``x_in`` = the bias plus the ``F(4, 5)`` products of the input
+    transform ``v`` with those rows of ``u`` (one SGEMM a point and half), then
+    ``x_in[r0:r1] = tanh(x_in[r0:r1]) * sigmoid(x_in[C + r0 : C + r1])``."""
+    c_in, c = u.shape[2], u.shape[1] // 2
+    blocks, count, ld = v.shape[2], r1 - r0, x_in.shape[1]
+    flat = x_in.reshape(-1)
+    products = pbuf[: POINTS * count * blocks].reshape((POINTS, count, blocks))
+    for h in range(2):
+        first = h * c + r0
+        for r in range(first, first + count):
+            value = in_b[r]
+            row = x_in[r, :n]
+            for q in range(n):
+                row[q] = value
+        products[...] = 0
+        for i in range(POINTS):
+            _sgemm(
+                sgemm, count, blocks, c_in, _address(u[i]) + 4 * first * c_in, c_in,
+                _address(v[i]), blocks, _address(products[i]), blocks,
+            )  # fmt: skip
+        output_4_5(products, flat[first * ld :], ld, n, scratch)
+    kernels.gate_rows(flat[r0 * ld :], ld, flat[(c + r0) * ld :], ld, count, n)
+
+
+@kernels.compiled
+def _res_skip_rows(
+    sgemm: Any,
     rs_w: Any,
     rs_b: Any,
+    acts: Any,
+    r0: Any,
+    r1: Any,
+    last: Any,
     x: Any,
     x_next: Any,
     skip: Any,
-    last: Any,
-    a: Any,
-    b: Any,
-    gaps: Any,
-    x_in: Any,
     rs: Any,
-    vbuf: Any,
-    pbuf: Any,
-    phases: Any,
+    gaps: Any,
 ) -> None:  # pragma: no cover - compiled
-    """One WaveNet layer over columns ``[a, b)``: the in-layer conv of the stream ``x`` (its
-    neighbours' columns read, zero outside), the gate, the res/skip conv, then
-    ``x_next = x + res`` (but after the last layer) and ``skip += skip part``, the gaps'
-    columns of ``x_next`` zeroed (:func:`_tiles`' order of operations)."""
-    c = rs_w.shape[1]
-    pad = (R - 1) // 2
-    n = b - a
-    rows = c if last else 2 * c
-    _gated_res_skip(sgemm, u, in_b, rs_w, rs_b, rows, x, a, x_in, 0, n, rs, vbuf, pbuf, phases)
-    for r in range(c):
-        if last:
-            accumulate_row(rs[r, :n], skip[r, a:b])
-        else:
-            src, dst, res = x[r, pad + a : pad + b], x_next[r, pad + a : pad + b], rs[r, :n]
-            for q in range(n):
-                dst[q] = src[q] + res[q]
-            accumulate_row(rs[c + r, :n], skip[r, a:b])
-    if not last:  # the gaps' columns (all of [a, b) is inside [0, T))
-        zero_outside(x_next[:, pad + a :], n, a, x.shape[1] - 2 * pad, gaps)
+    """Channels ``[r0, r1)`` of a WaveNet layer's res/skip conv of the gated ``acts [C, T]``:
+    ``x_next = x + res`` and ``skip += skip part`` on those rows, the gaps' columns of
+    ``x_next`` zeroed (the last layer: its ``C`` rows all skip)."""
+    c, t = rs_w.shape[1], acts.shape[1]
+    count, pad = r1 - r0, (R - 1) // 2
+    _pointwise(sgemm, rs_w[r0:r1], rs_b[r0:r1], count, acts, 0, rs, 0, t)
+    if last:
+        for r in range(count):
+            accumulate_row(rs[r, :t], skip[r0 + r])
+        return
+    _pointwise(
+        sgemm, rs_w[c + r0 : c + r1], rs_b[c + r0 : c + r1], count, acts, 0, rs[count:], 0, t
+    )
+    for r in range(count):
+        src, dst, res = x[r0 + r, pad : pad + t], x_next[r0 + r, pad : pad + t], rs[r, :t]
+        for q in range(t):
+            dst[q] = src[q] + res[q]
+        accumulate_row(rs[count + r, :t], skip[r0 + r])
+    zero_outside(x_next[r0:r1, pad:], t, 0, t, gaps)
+
+
+@kernels.compiled
+def _coupling_out_rows(
+    z: Any, m: Any, out: Any, h0: Any, h1: Any, flip: Any
+) -> None:  # pragma: no cover
+    """A coupling's output on channels ``[h0, h1)`` of each half: ``out[r] = z[r]``,
+    ``out[half + r] = z[half + r] - m[r - h0]``, the rows reversed when ``flip``."""
+    half, t = z.shape[0] // 2, z.shape[1]
+    for r in range(h0, h1):
+        lo = 2 * half - 1 - r if flip else r
+        hi = half - 1 - r if flip else half + r
+        out[lo] = z[r]
+        zr, mr, orow = z[half + r], m[r - h0], out[hi]
+        for q in range(t):
+            orow[q] = zr[q] - mr[q]
+
+
+_FLOW = types.void(
+    _IN2, _OUT3, _IN3, _IN2, _IN5, _IN3, _IN4, _IN3, _IN3, _IN2, _GAPS, _BOUNDS, _BOUNDS,
+    _COUNTER, _OUT3, _OUT2, _OUT2, _OUT2, _OUT2, _OUT1, _OUT1, _OUT1, _I64, _I64,
+)  # fmt: skip
 
 
 @kernels.kernel(_FLOW)
@@ -543,7 +541,8 @@ def _flow_steps(
     post_w: Any,
     post_b: Any,
     gaps: Any,
-    bounds: Any,
+    rows: Any,
+    halves: Any,
     sync: Any,
     streams: Any,
     skip: Any,
@@ -556,37 +555,120 @@ def _flow_steps(
     sgemm: Any,
     yield_fn: Any,
 ) -> None:  # pragma: no cover - compiled
-    """:func:`run_flow`'s lane: every step's pieces it claims, in step order, with its own
-    buffers (``x_in``, ``rs``, ``m`` and the transforms'); ``outs`` (the couplings' outputs,
-    two in turn), the residual streams, ``skip`` and ``sync`` shared. A layer's operations
-    on a piece are :func:`_tiles`' on a tile, in their order."""
+    """:func:`run_flow`'s lane: every step's pieces (channel ranges, ``rows`` of the hidden
+    channels, ``halves`` of a half's) it claims, in step order, with its own buffers (``rs``,
+    ``m`` and the transforms'); ``outs``, the residual streams, ``x_in``, ``skip`` and
+    ``sync`` shared. A lane's first piece of a layer's gate transforms the whole stream
+    (each lane its own copy: a core's products read every channel)."""
     couplings, layers = in_u.shape[0], in_u.shape[1]
-    c, half = pre_w.shape[1], pre_w.shape[2]
+    c, t = pre_w.shape[1], first.shape[1]
     pad = (R - 1) // 2
-    pieces = bounds.shape[0] - 1
+    blocks = (t + M - 1) // M
+    v = vbuf[: POINTS * c * blocks].reshape((POINTS, c, blocks))
+    ph = phases[: M * (blocks + (POINTS - 1) // M)].reshape((M, blocks + (POINTS - 1) // M))
+    steps = 2 * layers + 2
     for k in range(couplings):
         z = first if k == 0 else outs[(k - 1) % 2]
         out = outs[k % 2]
         flip = k < couplings - 1  # the next coupling's input: channels reversed
-        for s in range(layers + 1):
-            at = (k * (layers + 1) + s) * _SYNC_WORDS
+        for s in range(steps):
+            at = (k * steps + s) * _SYNC_WORDS
+            bounds = halves if s == steps - 1 else rows
+            layer, gate = (s - 1) // 2, s % 2 == 1
+            transformed = False
             while True:
                 p = _atomic_add(_address(sync) + 8 * at, 1)
-                if p >= pieces:
+                if p >= bounds.shape[0] - 1:
                     break
-                a, b = bounds[p], bounds[p + 1]
+                r0, r1 = bounds[p], bounds[p + 1]
                 if s == 0:  # the pre conv of z[:half] into the first stream; skip zeroed
-                    _pointwise(sgemm, pre_w[k], pre_b[k], c, z, a, streams[0], pad + a, b - a)
-                    zero_outside(streams[0][:, pad + a :], b - a, a, z.shape[1], gaps)
-                    skip[:, a:b] = 0
+                    x0 = streams[0]
+                    _pointwise(
+                        sgemm, pre_w[k, r0:r1], pre_b[k, r0:r1], r1 - r0, z, 0, x0[r0:r1], pad, t
+                    )
+                    zero_outside(x0[r0:r1, pad:], t, 0, t, gaps)
+                    skip[r0:r1] = 0
+                elif s == steps - 1:  # the post conv and the output
+                    _pointwise(sgemm, post_w[k, r0:r1], post_b[k, r0:r1], r1 - r0, skip, 0, m, 0, t)
+                    _coupling_out_rows(z, m, out, r0, r1, flip)
+                elif gate:
+                    if not transformed:
+                        x = streams[layer % 2]
+                        input_4_5(x.reshape(-1), x.shape[1], 0, t + R - 1, v, ph)
+                        transformed = True
+                    _in_layer_rows(
+                        sgemm, in_u[k, layer], in_b[k, layer], v, t, r0, r1, x_in, pbuf, ph
+                    )
                 else:
-                    _layer_piece(
-                        sgemm, in_u[k, s - 1], in_b[k, s - 1], rs_w[k, s - 1], rs_b[k, s - 1],
-                        streams[(s - 1) % 2], streams[s % 2], skip, s == layers, a, b, gaps,
-                        x_in, rs, vbuf, pbuf, phases,
+                    _res_skip_rows(
+                        sgemm, rs_w[k, layer], rs_b[k, layer], x_in[:c], r0, r1,
+                        layer == layers - 1, streams[layer % 2], streams[(layer + 1) % 2],
+                        skip, rs, gaps,
                     )  # fmt: skip
-                    if s == layers:  # the post conv and the output over the piece's columns
-                        _pointwise(sgemm, post_w[k], post_b[k], half, skip, a, m, 0, b - a)
-                        _coupling_out(z, m, out, a, b, flip)
                 _atomic_add(_address(sync) + 8 * (at + _SYNC_WORDS // 2), 1)
-            _wait_done(sync, at + _SYNC_WORDS // 2, pieces, yield_fn)
+            _wait_done(sync, at + _SYNC_WORDS // 2, bounds.shape[0] - 1, yield_fn)
+
+
+def _cut(n: int, pieces: int) -> np.ndarray:
+    """``pieces`` ranges of ``[0, n)``, none empty: bounds [pieces + 1] int64."""
+    pieces = max(1, min(pieces, n))
+    return np.array([i * n // pieces for i in range(pieces + 1)], np.int64)
+
+
+def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndarray:
+    """The reverse flow's couplings (each: flip the channels, then :func:`run`'s coupling) on
+    ``z [2 half, T]`` (float32; ``gaps`` as :func:`run`'s), returned as a new array, up to
+    float32 summation order the couplings' tiles' result, on up to ``lanes`` cores at once.
+
+    Each step of a coupling (its pre conv; per WaveNet layer its in-layer conv and gate, then
+    its res/skip conv and adds; its post conv and output) is cut in one piece a core by
+    **channels**: a piece computes its rows of the step's products over every column, so
+    each core reads its share of the weights, not all of them, and no column is computed
+    twice. No piece of a step starts before every piece of the step before it is done (the
+    residual stream is kept whole in two buffers, one read and one written; the gated
+    activations and the skip sum are shared). Pieces are claimed from a shared counter a
+    step, so a core that joins late takes fewer or none, one core alone runs them all, and
+    a core waits only for pieces a running core claimed; the pieces fix the products, so
+    the result is the same bits whichever cores ran them. The four couplings are one split
+    over the cores (one hand-over of the thread pool, not four), a coupling writing its
+    output with the channels flipped for the next.
+
+    The flow's packed weights (43 MB for the bundled voice) are more than the cache holds,
+    and a short sentence's products are narrow: cut by columns, each core streamed all of
+    them (a short sentence's flow took 7.5 ms at two cores; by channels 5.9). Tiles with a
+    halo computed 102 columns of a 171-frame coupling on each of two cores."""
+    half, c, layers = flow.pre_w.shape[2], flow.pre_w.shape[1], flow.in_u.shape[1]
+    t = z.shape[1]
+    if (
+        z.dtype != np.float32
+        or z.shape != (2 * half, t)
+        or t < 1
+        or lanes < 1
+        or not gaps_fit(gaps, t)
+    ):
+        raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
+    pieces = max(1, min(lanes, half))
+    rows, halves = _cut(c, pieces), _cut(half, pieces)
+    most = int(np.diff(rows).max())
+    pad = (R - 1) // 2
+    blocks = -(-t // M)
+    first = np.ascontiguousarray(z[::-1])  # the first coupling's flip
+    outs = np.empty((2, 2 * half, t), np.float32)
+    streams = np.zeros((2, c, t + 2 * pad), np.float32)  # zero columns outside [0, T)
+    skip = np.empty((c, t), np.float32)
+    x_in = np.empty((2 * c, t), np.float32)
+    sync = np.zeros(flow.couplings * (2 * layers + 2) * _SYNC_WORDS, np.int64)
+
+    def lane() -> None:
+        _flow_steps(
+            first, outs, flow.pre_w, flow.pre_b, flow.in_u, flow.in_b, flow.rs_w, flow.rs_b,
+            flow.post_w, flow.post_b, gaps, rows, halves, sync, streams, skip, x_in,
+            np.empty((2 * most, t), np.float32), np.empty((most, t), np.float32),
+            np.empty(POINTS * c * blocks, np.float32),
+            np.empty(POINTS * most * blocks, np.float32),
+            np.empty(M * (blocks + (POINTS - 1) // M), np.float32), blas.ADDRESS, SCHED_YIELD,
+        )  # fmt: skip
+
+    parallel.on_lanes(lane, pieces)
+    result: np.ndarray = outs[(flow.couplings - 1) % 2]
+    return result

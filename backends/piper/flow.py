@@ -80,7 +80,7 @@ def flow_reverse_host(
     core without the GIL (:mod:`backends.piper.coupling_tiles`): the same tiles on several
     cores, one tile as wide as ``z`` on one. With them all ``stacked``
     (:func:`stack_couplings`), several cores run the four couplings in one compiled split,
-    layer by layer in step, without tiles' halos (:func:`coupling_tiles.run_flow`).
+    step by step, each core its share of every step's channels (:func:`coupling_tiles.run_flow`).
     """
     half = h.inter // 2
     tile = _coupling_tile(z.shape[1])
@@ -109,7 +109,7 @@ def flow_reverse_host(
 
 
 USE_LOCKSTEP = True
-"""On several cores, the couplings' columns in pieces run layer by layer in step, all four
+"""On several cores, the couplings' steps cut in pieces of channels run in step, all four
 couplings in one split (:func:`coupling_tiles.run_flow`); False: each coupling in tiles
 with a halo (for comparisons)."""
 

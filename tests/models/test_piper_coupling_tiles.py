@@ -82,7 +82,7 @@ def test_piper_voice_couplings_are_packed_and_a_request_keeps_its_bits_on_two_co
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Piper's own voice: every coupling packed; a sentence at two cores gives the same
-    samples with and without the compiled tiles (the flow in step over column pieces, the
+    samples with and without the compiled tiles (the flow in step over channel pieces, the
     default on several cores, within float32 summation order of them)."""
     from threadpoolctl import threadpool_limits
 

@@ -1,4 +1,4 @@
-"""The whole flow in one compiled split, its couplings' layers in step over column pieces
+"""The whole flow in one compiled split, its couplings' steps in step over channel pieces
 (backends.piper.coupling_tiles.run_flow): the conv-by-conv values, the same bits on one
 core or several, what it refuses, and where it runs."""
 
@@ -112,21 +112,27 @@ def test_run_flow_refuses_what_it_would_read_or_write_out_of_bounds(
         coupling_tiles.run_flow(**args)
 
 
-@pytest.mark.parametrize(("t", "lanes"), [(17, 4), (13, 3), (5, 2), (1, 4)])
+@pytest.mark.parametrize(("t", "lanes"), [(17, 4), (13, 3), (5, 2), (1, 4), (9, 7)])
 def test_no_piece_is_empty(t: int, lanes: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Short inputs on many lanes get fewer pieces, never an empty one (whose products would
-    call the BLAS with no columns); the values stay the conv-by-conv ones."""
+    """Many lanes on few channels get fewer pieces, never an empty one (whose products would
+    call the BLAS with no rows); every channel is in one piece, and the values stay the
+    conv-by-conv ones."""
     h, prep, z, gaps, _, stacked = _case(t, monkeypatch)
-    seen: list[np.ndarray] = []
+    c, half = stacked.pre_w.shape[1:]
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
     real = coupling_tiles._flow_steps
 
     def spy(*args: Any) -> None:
-        seen.append(np.array(args[11]))  # the pieces' bounds
+        seen.append((np.array(args[11]), np.array(args[12])))  # rows' and halves' bounds
         real(*args)
 
     monkeypatch.setattr(coupling_tiles, "_flow_steps", spy)
     got = coupling_tiles.run_flow(z.copy(), stacked, _gaps(gaps), lanes)
-    assert seen and all(np.all(np.diff(b) > 0) and b[-1] == t for b in seen)
+    assert seen
+    for rows, halves in seen:
+        assert rows[0] == 0 and rows[-1] == c and np.all(np.diff(rows) > 0)
+        assert halves[0] == 0 and halves[-1] == half and np.all(np.diff(halves) > 0)
+        assert len(rows) == len(halves) == min(lanes, half) + 1
     ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
     np.testing.assert_allclose(got, ref, atol=TOL, rtol=TOL)
 
