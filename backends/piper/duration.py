@@ -20,6 +20,7 @@ from numba.core import types
 from backends import kernels
 from backends.base import Array, ArrayBackend
 from backends.piper import host
+from backends.piper.column_norm import SUMS, norm_columns
 from backends.piper.layers import Weights, channel_norm, conv, split_channels
 from backends.piper.loader import Hyper
 
@@ -97,7 +98,7 @@ def _dds_conv_host(w: Weights, h: Hyper, p: str, x: np.ndarray) -> np.ndarray:
     out = np.array(x[0], np.float32, order="C")  # the residual stream, updated in place
     y = np.empty((c, t), np.float32)
     scratch = np.empty((c, t), np.float32)
-    sums = np.empty((_SUMS, t), np.float32)
+    sums = np.empty((SUMS, t), np.float32)
     eps = np.float32(1e-5)
     for j in range(h.dp_layers):
         sep, n1, n2 = f"{p}.convs_sep.{j}", f"{p}.norms_1.{j}", f"{p}.norms_2.{j}"
@@ -110,66 +111,6 @@ def _dds_conv_host(w: Weights, h: Hyper, p: str, x: np.ndarray) -> np.ndarray:
         z += w[f"{one}.bias"][:, None]
         _norm_gelu_add(z, w[f"{n2}.gamma"], w[f"{n2}.beta"], eps, out, scratch, sums)
     return out[None]
-
-
-_SUMS = 10
-"""Rows of a channel norm's scratch: eight partial sums, the mean and the deviation, a column
-each."""
-
-
-@kernels.compiled
-def _channel_norm(
-    x: Any, gamma: Any, beta: Any, eps: Any, out: Any, sums: Any
-) -> None:  # pragma: no cover - compiled
-    """``out = norm(x)`` over the channels of ``x [C, T]`` (VITS's LayerNorm of a channels-first
-    tensor): each column's float32 operations those :func:`backends.kernels.layer_norm` does
-    on it as a row (its eight interleaved partial sums, in its order), all columns at once, so
-    the loops run along the rows."""
-    c, t = x.shape
-    size = np.float32(c)
-    _column_sums(x, sums, False)
-    mean = sums[8]
-    for q in range(t):
-        mean[q] = _folded(sums, q) / size
-    for r in range(c):
-        for q in range(t):
-            out[r, q] = x[r, q] - mean[q]
-    _column_sums(out, sums, True)
-    std = sums[9]
-    for q in range(t):
-        std[q] = np.sqrt(_folded(sums, q) / size + eps)
-    for r in range(c):
-        g, b = gamma[r], beta[r]
-        for q in range(t):
-            out[r, q] = out[r, q] / std[q] * g + b
-
-
-@kernels.compiled
-def _folded(sums: Any, q: Any) -> Any:  # pragma: no cover - compiled
-    """Column ``q``'s eight partial sums added as :func:`backends.kernels._row_sum` adds them."""
-    return ((sums[0, q] + sums[1, q]) + (sums[2, q] + sums[3, q])) + (
-        (sums[4, q] + sums[5, q]) + (sums[6, q] + sums[7, q])
-    )
-
-
-@kernels.compiled
-def _column_sums(x: Any, sums: Any, squares: Any) -> None:  # pragma: no cover - compiled
-    """``sums[k]`` = the sum of rows ``k, k + 8, ...`` of ``x`` (or of ``x * x``, each square
-    rounded to float32 first, as the row kernel stores it, when ``squares``; the rows past
-    the last full eight added to ``sums[0]``), in row order: a row's partial sums as
-    :func:`backends.kernels._row_sum` makes them, for every column."""
-    c, t = x.shape
-    sums[:8, :t] = 0
-    end = c - c % 8
-    for r in range(c):
-        s, row = sums[r % 8 if r < end else 0], x[r]
-        if squares:
-            for q in range(t):
-                v = row[q] * row[q]
-                s[q] += v
-        else:
-            for q in range(t):
-                s[q] += row[q]
 
 
 @kernels.compiled
@@ -233,11 +174,11 @@ def _depthwise_norm_gelu(
     if (
         taps.shape[0] != c or taps.shape[1] % 2 == 0 or bias.shape[0] != c or d < 1
         or gamma.shape[0] != c or beta.shape[0] != c or y.shape != x.shape
-        or scratch.shape != x.shape or sums.shape[0] != _SUMS or sums.shape[1] != t
+        or scratch.shape != x.shape or sums.shape[0] != SUMS or sums.shape[1] != t
     ):  # fmt: skip
         raise ValueError("depthwise: x, y [C, T], taps [C, K odd], bias [C], sums [10, T]")
     _depthwise(x, taps, bias, d, y)
-    _channel_norm(y, gamma, beta, eps, scratch, sums)
+    norm_columns(y, gamma, beta, eps, scratch, sums)
     kernels.gelu(scratch.reshape(-1), y.reshape(-1))
 
 
@@ -250,10 +191,10 @@ def _norm_gelu_add(
     c, t = z.shape
     if (
         gamma.shape[0] != c or beta.shape[0] != c or x.shape != z.shape
-        or scratch.shape != z.shape or sums.shape[0] != _SUMS or sums.shape[1] != t
+        or scratch.shape != z.shape or sums.shape[0] != SUMS or sums.shape[1] != t
     ):  # fmt: skip
         raise ValueError("norm_gelu_add: z, x [C, T], sums [10, T]")
-    _channel_norm(z, gamma, beta, eps, scratch, sums)
+    norm_columns(z, gamma, beta, eps, scratch, sums)
     kernels.gelu(scratch.reshape(-1), z.reshape(-1))
     for r in range(c):
         for q in range(t):

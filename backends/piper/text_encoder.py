@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from backends.base import Array, ArrayBackend
-from backends.numpy_backend import NumpyBackend, _exp_rows
-from backends.piper import host
+from backends.numpy_backend import _exp_rows
+from backends.piper import column_norm, host
 from backends.piper.layers import Weights, channel_norm, conv, split_channels
 from backends.piper.loader import Hyper
 
@@ -159,18 +159,19 @@ def encode_host(
     return x[None], stats[None, : h.inter], stats[None, h.inter :]
 
 
-_HOST = NumpyBackend()
-"""The backend whose :func:`channel_norm` the host path shares (host arrays in and out)."""
-
-
 def _add_and_norm(
     cw: host.ConvWeights, src: np.ndarray, x: np.ndarray, w: Weights, norm: str, lanes: int
 ) -> np.ndarray:
     """``channel_norm(x + conv(src))`` as a new C-contiguous [C, T] array (the conv's GEMMs on
-    up to ``lanes`` cores)."""
+    up to ``lanes`` cores; the norm over columns, :func:`column_norm.channel_norm`: the numpy
+    backend's row kernel's bits without its transposed copies)."""
     y = x.copy()
     host.conv_same(src, cw, y, add_to=True, lanes=lanes)
-    return np.ascontiguousarray(channel_norm(_HOST, w, norm, y[None])[0])
+    out = np.empty_like(y)
+    sums = np.empty((column_norm.SUMS, y.shape[1]), np.float32)
+    gamma, beta = (np.asarray(w[f"{norm}.{n}"], np.float32) for n in ("gamma", "beta"))
+    column_norm.channel_norm(y, gamma, beta, np.float32(1e-5), out, sums)
+    return out
 
 
 def _attend(
