@@ -610,8 +610,8 @@ def _flow_steps(
 
 
 def _cut(n: int, pieces: int) -> np.ndarray:
-    """``pieces`` ranges of ``[0, n)``, none empty: bounds [pieces + 1] int64."""
-    pieces = max(1, min(pieces, n))
+    """``pieces`` ranges of ``[0, n)`` (``1 <= pieces <= n``), none empty: bounds [pieces + 1]
+    int64."""
     return np.array([i * n // pieces for i in range(pieces + 1)], np.int64)
 
 
@@ -628,8 +628,9 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
     residual stream is kept whole in two buffers, one read and one written; the gated
     activations and the skip sum are shared). Pieces are claimed from a shared counter a
     step, so a core that joins late takes fewer or none, one core alone runs them all, and
-    a core waits only for pieces a running core claimed; the pieces fix the products, so
-    the result is the same bits whichever cores ran them. The four couplings are one split
+    a core waits only for pieces a running core claimed; the pieces (one a lane, so as many
+    as ``lanes``, at most one a channel) fix the products, so for a given ``lanes`` the
+    result is the same bits whichever cores ran them. The four couplings are one split
     over the cores (one hand-over of the thread pool, not four), a coupling writing its
     output with the channels flipped for the next.
 
@@ -647,9 +648,9 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
         or not gaps_fit(gaps, t)
     ):
         raise ValueError("coupling_tiles.run_flow: operands of the wrong shape, dtype or layout")
-    pieces = max(1, min(lanes, half))
+    pieces = max(1, min(lanes, half, c))
     rows, halves = _cut(c, pieces), _cut(half, pieces)
-    most = int(np.diff(rows).max())
+    most, most_half = int(np.diff(rows).max()), int(np.diff(halves).max())
     pad = (R - 1) // 2
     blocks = -(-t // M)
     first = np.ascontiguousarray(z[::-1])  # the first coupling's flip
@@ -663,7 +664,7 @@ def run_flow(z: np.ndarray, flow: Flow, gaps: np.ndarray, lanes: int) -> np.ndar
         _flow_steps(
             first, outs, flow.pre_w, flow.pre_b, flow.in_u, flow.in_b, flow.rs_w, flow.rs_b,
             flow.post_w, flow.post_b, gaps, rows, halves, sync, streams, skip, x_in,
-            np.empty((2 * most, t), np.float32), np.empty((most, t), np.float32),
+            np.empty((2 * most, t), np.float32), np.empty((most_half, t), np.float32),
             np.empty(POINTS * c * blocks, np.float32),
             np.empty(POINTS * most * blocks, np.float32),
             np.empty(M * (blocks + (POINTS - 1) // M), np.float32), blas.ADDRESS, SCHED_YIELD,

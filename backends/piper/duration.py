@@ -232,15 +232,19 @@ def spline_inverse(
 ) -> np.ndarray:
     """Inverse piecewise rational-quadratic spline with linear tails (neural spline flows):
     ``x [T]``, each row's unnormalized bin widths and heights ``[T, bins]`` and inner
-    derivatives ``[T, bins - 1]`` -> ``y [T]`` (float32).
+    derivatives ``[T, bins - 1]`` (float32) -> ``y [T]`` (float32).
 
     The exponentials are numpy's (one ``exp`` over both softmaxes' shifted inputs, one
     ``logaddexp`` for the softplus); everything else, bins, knots, the bin search and the
     quadratic's root, is one compiled pass a row (:func:`_spline_rows`) with the float32
-    operations numpy's op-by-op version does, in its order (its row sums as numpy's
-    pairwise sum adds ten terms), so the same bits (``tests/models/test_piper_spline.py``).
-    Op by op it took about 40 numpy calls, 0.2 ms a ConvFlow on a short sentence."""
+    operations of the op-by-op version this replaced, in its order, a softmax's sum adding
+    a row's terms one after another, as numpy did on the rows :func:`_conv_flow` passes
+    (columns of a transposed array). So a sentence's log durations keep their bits
+    (``tests/models/test_piper_spline.py``, a NaN's sign aside). Op by op it took about 40
+    numpy calls, 0.1-0.2 ms a ConvFlow on a short sentence; now about 25 us."""
     x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    if widths_u.ndim != 2:
+        raise ValueError("spline_inverse: widths, heights [T, bins], derivatives [T, bins - 1]")
     t, bins = x.shape[0], widths_u.shape[-1]
     if (
         widths_u.shape != (t, bins)
@@ -264,39 +268,18 @@ def spline_inverse(
 @kernels.compiled
 def _knots_row(e: Any, share: Any, bound: Any, knots: Any) -> None:  # pragma: no cover
     """A row's bin edges from its softmax's exponentials ``e [bins]`` into ``knots [bins + 1]``:
-    numpy's ``e / e.sum()`` (the sum pairwise: eight running terms, then the rest), each size
-    ``1e-3 + share * p``, their running sum scaled to ``[-bound, bound]``."""
+    ``e / e.sum()`` (the terms added one after another), each size ``1e-3 + share * p``,
+    their running sum scaled to ``[-bound, bound]``."""
     bins = e.shape[0]
-    total = _pairwise_sum(e)
+    total = e[0]
+    for j in range(1, bins):
+        total += e[j]
     knots[0] = -bound
     run = np.float32(0.0)
     for j in range(bins):
         run = run + (_MIN_BIN + share * (e[j] / total)) if j else _MIN_BIN + share * (e[j] / total)
         knots[j + 1] = np.float32(2.0) * bound * run - bound
     knots[bins] = bound
-
-
-@kernels.compiled
-def _pairwise_sum(a: Any) -> Any:  # pragma: no cover - compiled
-    """numpy's float32 sum of a short row (``pairwise_sum``: under eight terms one after another
-    from 0; else eight running sums over whole eights, combined in pairs, then the rest)."""
-    n = a.shape[0]
-    if n < 8:
-        res = np.float32(0.0)
-        for i in range(n):
-            res += a[i]
-        return res
-    r = a[:8].copy()
-    i = 8
-    while i < n - n % 8:
-        for j in range(8):
-            r[j] += a[i + j]
-        i += 8
-    res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    while i < n:
-        res += a[i]
-        i += 1
-    return res
 
 
 _ROWS = kernels.array_type(3, readonly=True)

@@ -495,13 +495,15 @@ def test_piper_fast_paths_split_over_cores_give_the_bits_of_one_core(
             assert np.array_equal(a, b)
 
 
-def _flow_case(t: int) -> tuple[Any, dict[str, Any], np.ndarray, list[tuple[int, int]]]:
+def _flow_case(
+    t: int, inter: int = 8, hidden: int = 6
+) -> tuple[Any, dict[str, Any], np.ndarray, list[tuple[int, int]]]:
     """A small random flow (Hyper, its convs prepared by ``prepare_flow``), a latent
     [inter, t] and its gaps."""
     from backends.piper import flow
     from backends.piper.loader import Hyper
 
-    h = Hyper(inter=8, hidden=6, flow_layers=2, flow_wn_layers=3, flow_kernel=5)
+    h = Hyper(inter=inter, hidden=hidden, flow_layers=2, flow_wn_layers=3, flow_kernel=5)
     rng = np.random.default_rng(11)
     shapes: dict[str, tuple[int, int, int]] = {}
     for i in range(0, 2 * h.flow_layers, 2):

@@ -19,10 +19,12 @@ pytestmark = [
 ]
 
 
-def _case(t: int, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, np.ndarray, Any, Any, Any]:
+def _case(
+    t: int, monkeypatch: pytest.MonkeyPatch, inter: int = 8, hidden: int = 6
+) -> tuple[Any, Any, np.ndarray, Any, Any, Any]:
     """A small random flow whose in-layers take F(4, 5), its couplings packed and stacked."""
     monkeypatch.setattr(winograd, "MIN_CHANNELS_PRODUCT", 1)
-    h, prep, z, gaps = _flow_case(t)
+    h, prep, z, gaps = _flow_case(t, inter, hidden)
     packed = flow.prepare_couplings(prep, h)
     stacked = flow.stack_couplings(packed, prep, h)
     assert stacked is not None and stacked.couplings == h.flow_layers
@@ -132,9 +134,23 @@ def test_no_piece_is_empty(t: int, lanes: int, monkeypatch: pytest.MonkeyPatch) 
     for rows, halves in seen:
         assert rows[0] == 0 and rows[-1] == c and np.all(np.diff(rows) > 0)
         assert halves[0] == 0 and halves[-1] == half and np.all(np.diff(halves) > 0)
-        assert len(rows) == len(halves) == min(lanes, half) + 1
+        assert len(rows) == len(halves) == min(lanes, half, c) + 1
     ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
     np.testing.assert_allclose(got, ref, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize(("inter", "hidden"), [(16, 2), (24, 4), (4, 9)])
+@pytest.mark.parametrize("lanes", [1, 2, 3, 5])
+def test_halves_wider_or_narrower_than_the_hidden_channels(
+    inter: int, hidden: int, lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow whose half is wider than its hidden channels (the post step's pieces are then
+    the larger ones) or narrower, on more lanes than either: the conv-by-conv values."""
+    h, prep, z, gaps, _, stacked = _case(70, monkeypatch, inter, hidden)
+    ref = flow.flow_reverse_host(prep, h, z.copy(), gaps)
+    got = coupling_tiles.run_flow(z.copy(), stacked, _gaps(gaps), lanes)
+    keep = _outside(gaps, 70)
+    np.testing.assert_allclose(got[:, keep], ref[:, keep], atol=TOL, rtol=TOL)
 
 
 def test_a_flow_of_inconsistent_shapes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,8 @@
 """The stochastic duration predictor's inverse rational-quadratic spline
 (backends.piper.duration.spline_inverse): one compiled pass a row around numpy's
-exponentials, the same bits as numpy's op-by-op version (kept here as the reference)."""
+exponentials, the same bits as numpy's op-by-op version (kept here as the reference) on the
+rows the duration predictor passes: columns of a transposed array, whose sums numpy adds
+one term after another (a C-ordered row of eight terms or more it adds pairwise)."""
 
 from __future__ import annotations
 
@@ -68,17 +70,20 @@ def reference(
 
 
 def _inputs(seed: int, t: int, bins: int, scale: float, spread: float) -> tuple[np.ndarray, ...]:
+    """x and the spline's parameters as ``duration._conv_flow`` slices them: columns of the
+    transposed projection ``[3 bins - 1, T]``, the widths and heights divided by a scale."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(t) * spread).astype(np.float32)  # some beyond the bound: tails
-    w, h = ((rng.standard_normal((t, bins)) * scale).astype(np.float32) for _ in range(2))
-    d = (rng.standard_normal((t, bins - 1)) * scale).astype(np.float32)
+    params = (rng.standard_normal((3 * bins - 1, t)) * scale).astype(np.float32).T
+    root = np.float32(np.sqrt(192))
+    w, h, d = params[:, :bins] / root, params[:, bins : 2 * bins] / root, params[:, 2 * bins :]
     return x, w, h, d
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
-    t=st.integers(1, 80),
+    t=st.integers(2, 80),
     bins=st.integers(1, 20),
     scale=st.sampled_from([0.01, 1.0, 4.0, 30.0]),
     spread=st.sampled_from([0.5, 3.0, 8.0]),
@@ -87,8 +92,9 @@ def _inputs(seed: int, t: int, bins: int, scale: float, spread: float) -> tuple[
 def test_the_spline_has_the_op_by_op_bits(
     seed: int, t: int, bins: int, scale: float, spread: float, bound: float
 ) -> None:
-    """Any length, any bin count (fewer than eight terms in a row's sum, eight, more), bins of
-    very different sizes, inputs inside and outside the tails."""
+    """Any length of two rows or more (a single row is C-ordered too, and numpy sums ten terms
+    of it pairwise), any bin count, bins of very different sizes, inputs inside and outside
+    the tails."""
     x, w, h, d = _inputs(seed, t, bins, scale, spread)
     with np.errstate(all="ignore"):
         want = reference(x, w, h, d, np.float32(bound))
@@ -106,7 +112,7 @@ def test_many_rows_of_the_voices_shape_have_the_op_by_op_bits() -> None:
 
 
 def test_a_nan_stays_in_its_row() -> None:
-    x, w, h, d = _inputs(3, 6, 10, 1.0, 1.0)
+    x, w, h, d = (np.array(a, order="F") for a in _inputs(3, 6, 10, 1.0, 1.0))
     x[1], w[3, 2], d[4, 0] = np.nan, np.nan, np.nan
     with np.errstate(all="ignore"):
         want = reference(x, w, h, d, np.float32(5.0))
@@ -117,12 +123,39 @@ def test_a_nan_stays_in_its_row() -> None:
     assert np.isfinite(got[[0, 2, 5]]).all()
 
 
+def test_the_voices_durations_keep_their_bits() -> None:
+    """The bundled voice: every spline a sentence's durations run, the op-by-op version given
+    the same arrays (as the predictor slices them) gives the same bits."""
+    from backends.piper import PiperRequest, duration, load_factory
+
+    calls: list[tuple[np.ndarray, ...]] = []
+    real = duration.spline_inverse
+
+    def spy(*args: np.ndarray) -> np.ndarray:
+        calls.append(args)
+        return real(*args)
+
+    session = load_factory().create()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(duration, "spline_inverse", spy)
+        session.run(PiperRequest("Bits of a duration, a spline at a time.", seed=3))
+    assert len(calls) == 3 and not calls[0][1].flags.c_contiguous  # as _conv_flow slices
+    for args in calls:
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(real(*args), reference(*args))
+
+
 @pytest.mark.parametrize(
     ("w", "h", "d"),
-    [((5, 9), (5, 10), (5, 9)), ((5, 10), (4, 10), (5, 9)), ((5, 10), (5, 10), (5, 10))],
+    [
+        ((5, 9), (5, 10), (5, 9)),
+        ((5, 10), (4, 10), (5, 9)),
+        ((5, 10), (5, 10), (5, 10)),
+        ((), (5, 10), (5, 9)),
+    ],
 )
 def test_inconsistent_shapes_are_refused(
-    w: tuple[int, int], h: tuple[int, int], d: tuple[int, int]
+    w: tuple[int, ...], h: tuple[int, int], d: tuple[int, int]
 ) -> None:
     x = np.zeros(5, np.float32)
     with pytest.raises(ValueError, match="spline_inverse"):
