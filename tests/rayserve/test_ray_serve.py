@@ -38,11 +38,27 @@ def hello_wav() -> bytes:
     return HELLO_WAV.read_bytes()
 
 
+PROBE_DEADLINES = {
+    "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "1.0",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2.0",
+}
+"""Ray's router asks a replica its queue length before it routes there and gives it 0.1 s
+(doubled on each retry, at most 1 s). A model's request whose replica misses the first
+deadline falls back to the replica with the fewest models: the other one. On this 2-CPU
+cluster under the whole suite's load that once sent a request of a loaded model to the
+other replica (the affinity test below failed, session 23). The test cluster gives the
+probes 1 s (the raylet, started by ``ray.init``, hands the driver's environment to every
+worker, Serve's proxy and replicas included)."""
+
+
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[str]:
     """The application on a fresh local cluster; its base URL."""
     port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in PROBE_DEADLINES.items():
+            env.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         args = RayArgs(config=str(CONFIG), replicas=2, replica_cpus=0, retries=2, name=APP)
