@@ -114,12 +114,17 @@ def test_run_flow_refuses_what_it_would_read_or_write_out_of_bounds(
         coupling_tiles.run_flow(**args)
 
 
-@pytest.mark.parametrize(("t", "lanes"), [(17, 4), (13, 3), (5, 2), (1, 4), (9, 7)])
-def test_no_piece_is_empty(t: int, lanes: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Many lanes on few channels get fewer pieces, never an empty one (whose products would
-    call the BLAS with no rows); every channel is in one piece, and the values stay the
-    conv-by-conv ones."""
-    h, prep, z, gaps, _, stacked = _case(t, monkeypatch)
+@pytest.mark.parametrize(
+    ("t", "lanes", "inter", "hidden"),
+    [(17, 4, 8, 6), (13, 3, 8, 6), (5, 2, 8, 6), (1, 4, 8, 6), (9, 7, 8, 6), (20, 5, 16, 2)],
+)
+def test_no_piece_is_empty(
+    t: int, lanes: int, inter: int, hidden: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many lanes on few channels (hidden or half) get fewer pieces, never an empty one
+    (whose products would call the BLAS with no rows); every channel is in one piece, and
+    the values stay the conv-by-conv ones."""
+    h, prep, z, gaps, _, stacked = _case(t, monkeypatch, inter, hidden)
     c, half = stacked.pre_w.shape[1:]
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     real = coupling_tiles._flow_steps
