@@ -89,6 +89,13 @@ def speech_seconds(config: SpeechLimits, chars: int) -> float:
     return min(config.max_speech_seconds, config.speech_seconds_per_char * max(chars, 1))
 
 
+def no_speech_error() -> ApiError:
+    """The 400 for a speech request whose text gave no audio (nothing the voice pronounces:
+    punctuation only, a zero-width space, symbols), whichever route and format asked: a
+    200 with an empty body would be a file no player opens."""
+    return bad("the input produced no speech (nothing to pronounce)")
+
+
 def speech_limit_error(exc: Exception, config: SpeechLimits) -> ApiError:
     """The 400 for a TTS family's limit error (its entry's ``limit_error``), naming the config
     key: the error carries ``limit`` (``"sentence"`` or the request) and ``seconds``."""

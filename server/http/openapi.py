@@ -463,6 +463,7 @@ def build_spec(config: ServerConfig, specs: Sequence[ModelSpec]) -> Schema:
                         "description": "voices, and the aliases of each TTS model",
                         **_json(_obj({"voices": ARR_S, "aliases": OBJ, "models": OBJ})),
                     },
+                    400,
                     404,
                 ),
                 "parameters": [

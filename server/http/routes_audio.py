@@ -20,6 +20,7 @@ from server.codecs import SPEECH_AUDIO, StreamEncoder, encode_speech, output_rat
 from server.families.http import (
     SPEECH_FORMATS,
     TRANSCRIPT_FORMATS,
+    no_speech_error,
     server_timing,
     speech_limit_error,
     timing,
@@ -85,6 +86,8 @@ async def speech(request: Request) -> Response:
         raise speech_limit_error(exc, st.config) from None
     wall = time.perf_counter() - t0
     audio, rate = adapter.audio(result)
+    if audio.size == 0:
+        raise no_speech_error()
     info = timing(wall, audio.size / rate, phases)
     # encoding (up to max_speech_seconds of audio) happens off the event loop
     if fmt in ("json", "b64_json"):
@@ -131,7 +134,7 @@ async def speech_stream(
     ttft = time.perf_counter() - t0
     if not head:
         await stack.aclose()
-        raise bad("the input produced no speech (nothing to pronounce)")
+        raise no_speech_error()
 
     async def limited() -> AsyncIterator[Any]:
         for chunk in head:
@@ -374,7 +377,6 @@ async def voices(request: Request) -> Response:
             for s in tts
         }
         return JSONResponse({"voices": names, "models": models})
-    spec = st.spec(model)
+    spec = st.spec(model, "tts")  # a model of another task is a 400, as on /v1/audio/speech
     adapter = st.adapter(spec)
-    aliases = adapter.aliases(spec.extra) if spec.task == "tts" else {}
-    return JSONResponse({"voices": adapter.voices(), "aliases": aliases})
+    return JSONResponse({"voices": adapter.voices(), "aliases": adapter.aliases(spec.extra)})

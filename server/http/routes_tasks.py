@@ -14,7 +14,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from server.audio_errors import PER_REQUEST
-from server.families.http import MAX_BATCH, server_timing, speech_limit_error, timing
+from server.families.http import (
+    MAX_BATCH,
+    no_speech_error,
+    server_timing,
+    speech_limit_error,
+    timing,
+)
 from server.families.registry import limit_errors
 from server.http.body import busy_timeout, json_object
 from server.http.errors import bad, show
@@ -78,6 +84,8 @@ async def run(request: Request) -> Response:
         result = await st.runtime.run(spec.id, req, timeout, phases=phases)
     except limit_errors() as exc:
         raise speech_limit_error(exc, st.config) from None
+    if spec.task == "tts" and st.adapter(spec).duration(result) == 0:
+        raise no_speech_error()
     payload = await anyio.to_thread.run_sync(result_json, st, spec, result)
     wall = time.perf_counter() - t0
     payload["timing"] = timing(wall, st.adapter(spec).duration(result), phases)
@@ -179,6 +187,8 @@ async def stream(request: Request) -> Response:
                 events.append({**st.adapter(spec).chunk_json(chunk), "is_final": False})
         except limit_errors() as exc:
             raise speech_limit_error(exc, st.config) from None
+    if spec.task == "tts" and not events:
+        raise no_speech_error()
     if events:
         events[-1]["is_final"] = True
     ttft = None if first is None else round(first * 1000.0, 3)

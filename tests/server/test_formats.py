@@ -262,10 +262,10 @@ def test_voices_lists_voices_and_aliases(http: httpx.Client) -> None:
     every = http.get("/v1/audio/voices").json()
     assert "joe" in every["voices"]
     assert every["models"]["piper"] == one and every["models"]["tts1"] == one
-    assert http.get("/v1/audio/voices", params={"model": "whisper"}).json() == {
-        "voices": [],
-        "aliases": {},
-    }
+    other_task = http.get("/v1/audio/voices", params={"model": "whisper"})
+    assert_error(other_task, 400, "invalid_request_error", "serves task 'asr', not 'tts'")
+    missing = http.get("/v1/audio/voices", params={"model": "nope"})
+    assert missing.status_code == 404
 
 
 def test_every_openai_voice_name_speaks(http: httpx.Client) -> None:

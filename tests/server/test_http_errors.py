@@ -42,6 +42,31 @@ def test_speech_validation_is_400(http: httpx.Client, body: dict[str, Any], cont
     assert_error(http.post("/v1/audio/speech", json=body), 400, "invalid_request_error", contains)
 
 
+@pytest.mark.parametrize("text", ["...", "\u200b"])
+@pytest.mark.parametrize(
+    ("route", "extra"),
+    [
+        ("/v1/audio/speech", {"response_format": "wav"}),
+        ("/v1/audio/speech", {"response_format": "mp3"}),
+        ("/v1/audio/speech", {"response_format": "pcm"}),
+        ("/v1/audio/speech", {"response_format": "json"}),
+        ("/v1/audio/speech", {"stream_format": "audio"}),
+        ("/v1/audio/speech", {"stream": True}),
+        ("/v1/tasks/run", {}),
+        ("/v1/tasks/stream", {}),
+    ],
+)
+def test_text_with_nothing_to_pronounce_is_400_on_every_route(
+    main_server: LiveServer, http: httpx.Client, text: str, route: str, extra: dict[str, Any]
+) -> None:
+    """Text the voice gives no audio for is the same 400 whatever the route, format or
+    streaming (it was a 200 with an empty body, or a header without samples, unless
+    streamed), and the slot comes back."""
+    r = http.post(route, json={"model": "piper", "input": text, **extra})
+    assert_error(r, 400, "invalid_request_error", "produced no speech (nothing to pronounce)")
+    assert main_server.wait_idle("piper", timeout=60.0)["active_slots"] == 0
+
+
 def test_a_limit_after_a_raw_stream_started_is_a_client_error(
     main_server: LiveServer, http: httpx.Client
 ) -> None:
