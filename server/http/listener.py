@@ -148,6 +148,21 @@ def json_error(
     return headers, body
 
 
+FRAMED_TWICE = (
+    "malformed HTTP request: both Content-Length and Transfer-Encoding "
+    "(send one of them; RFC 9112, section 6.3)"
+)
+
+
+def framed_twice(request: h11.Request) -> bool:
+    """Whether ``request`` states its body's length both ways. h11 reads such a body as
+    chunked and keeps the connection; a proxy in front that trusts ``Content-Length``
+    would see another request boundary than this server (request smuggling), so the
+    request gets a 400 and the connection closes (RFC 9112 allows either)."""
+    names = {name for name, _ in request.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
 def _malformed(exc: h11.RemoteProtocolError) -> str:
     """The client-facing text of a parse failure (h11 may quote the request line: cut it short)."""
     text = str(exc) or type(exc).__name__
@@ -724,6 +739,10 @@ class _Connection:
                         await self._protocol_error(exc)
                         return None
                     if isinstance(event, h11.Request):
+                        if framed_twice(event):
+                            self.keep_alive = False
+                            await self.send_error(400, FRAMED_TWICE, "invalid_request_error")
+                            return None
                         return event
                     if event is not h11.NEED_DATA:  # the client closed between requests
                         return None

@@ -250,6 +250,30 @@ def test_protocol_errors_are_answered_with_the_json_error_shape(
     run(main, backend)
 
 
+@pytest.mark.parametrize("order", ["length first", "encoding first"])
+def test_a_body_framed_both_ways_is_refused_and_the_connection_closed(
+    order: str, backend: str
+) -> None:
+    """Content-Length and Transfer-Encoding together (the request-smuggling shape: a proxy
+    that trusts the length sees a second request where this server would see a body): a
+    400 naming both, the connection closed, the request pipelined behind it not answered."""
+    framing = [b"Content-Length: 5\r\n", b"Transfer-Encoding: chunked\r\n"]
+    if order == "encoding first":
+        framing.reverse()
+    smuggled = b"POST /echo HTTP/1.1\r\nHost: t\r\n" + b"".join(framing) + b"\r\n"
+    smuggled += b"0\r\n\r\n" + get("/")
+
+    async def main() -> None:
+        async with serving(FakeApp(), Deadlines(), send_buffer_bytes=SEND_BUFFER) as (_, port):
+            response = await blocking(lambda: roundtrip(port, smuggled))
+            assert response.startswith(b"HTTP/1.1 400 "), response[:200]
+            assert response.count(b"HTTP/1.1 ") == 1 and b"connection: close" in response.lower()
+            message = json_body(response)["error"]["message"]
+            assert "both Content-Length and Transfer-Encoding" in message, message
+
+    run(main, backend)
+
+
 def test_keep_alive_pipelining_head_continue_and_chunked_bodies(backend: str) -> None:
     async def main() -> None:
         async with serving(FakeApp(), Deadlines(), send_buffer_bytes=SEND_BUFFER) as (_, port):
