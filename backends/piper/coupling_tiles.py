@@ -186,19 +186,55 @@ def _address(a: Any) -> Any:  # pragma: no cover - compiled
 
 
 @kernels.compiled
+def _fill_rows(dst: Any, b: Any, rows: Any, col: Any, n: Any) -> None:  # pragma: no cover
+    """``dst[r, col : col + n] = b[r]`` for the first ``rows`` rows (a conv's bias, written
+    before its products add into it)."""
+    for r in range(rows):
+        value = b[r]
+        row = dst[r, col : col + n]
+        for i in range(n):
+            row[i] = value
+
+
+@kernels.compiled
 def _pointwise(
     sgemm: Any, w: Any, b: Any, rows: Any, src: Any, col: Any, dst: Any, dcol: Any, n: Any
 ) -> None:  # pragma: no cover - compiled
     """``dst[:rows, dcol : dcol + n] = b[:rows] + w[:rows] @ src[:, col : col + n]`` (a 1x1
     conv: the bias written, then one SGEMM adding into it)."""
-    for r in range(rows):
-        value = b[r]
-        row = dst[r, dcol : dcol + n]
-        for i in range(n):
-            row[i] = value
+    _fill_rows(dst, b, rows, dcol, n)
     a, lds, ldd = _address(w), src.shape[1], dst.shape[1]
     p_src, p_dst = _address(src) + 4 * col, _address(dst) + 4 * dcol
     _sgemm(sgemm, rows, n, w.shape[1], a, w.shape[1], p_src, lds, p_dst, ldd)
+
+
+@kernels.compiled
+def _products(
+    sgemm: Any,
+    u: Any,
+    first: Any,
+    count: Any,
+    v: Any,
+    flat: Any,
+    at: Any,
+    ld: Any,
+    n: Any,
+    pbuf: Any,
+    scratch: Any,
+) -> None:  # pragma: no cover - compiled
+    """Rows ``first : first + count`` of an ``F(4, 5)`` conv from its input transform ``v``
+    ``[POINTS, C_in, blocks]``: one SGEMM a point with those rows of ``u``, then the output
+    transform of ``n`` columns added into ``flat[at:]`` (rows ``ld`` apart; ``scratch`` the
+    transform's phases)."""
+    c_in, blocks = u.shape[2], v.shape[2]
+    products = pbuf[: POINTS * count * blocks].reshape((POINTS, count, blocks))
+    products[...] = 0
+    for i in range(POINTS):
+        _sgemm(
+            sgemm, count, blocks, c_in, _address(u[i]) + 4 * first * c_in, c_in,
+            _address(v[i]), blocks, _address(products[i]), blocks,
+        )  # fmt: skip
+    output_4_5(products, flat[at:], ld, n, scratch)
 
 
 @kernels.compiled
@@ -206,31 +242,21 @@ def _winograd(
     sgemm: Any,
     u: Any,
     src: Any,
-    w: Any,
     dst: Any,
     col: Any,
     n: Any,
     vbuf: Any,
     pbuf: Any,
     phases: Any,
-    start: Any = 0,
 ) -> None:  # pragma: no cover - compiled
-    """``dst[:, col : col + n] += conv(src[:, start : start + n + R - 1])`` by ``F(4, 5)``
-    (:func:`backends.piper.winograd.conv_add`)."""
+    """``dst[:, col : col + n] += conv(src[:, : n + R - 1])`` by ``F(4, 5)``
+    (:func:`backends.piper.winograd.conv_add` with ``start`` 0)."""
     c_out, c_in = u.shape[1], u.shape[2]
     blocks = (n + M - 1) // M
     v = vbuf[: POINTS * c_in * blocks].reshape((POINTS, c_in, blocks))
     ph = phases[: M * (blocks + (POINTS - 1) // M)].reshape((M, blocks + (POINTS - 1) // M))
-    input_4_5(src.reshape(-1), src.shape[1], start, n + R - 1, v, ph)
-    products = pbuf[: POINTS * c_out * blocks].reshape((POINTS, c_out, blocks))
-    products[...] = 0
-    for i in range(POINTS):
-        _sgemm(
-            sgemm, c_out, blocks, c_in, _address(u[i]), c_in, _address(v[i]), blocks,
-            _address(products[i]), blocks,
-        )  # fmt: skip
-    flat = dst.reshape(-1)[col:]
-    output_4_5(products, flat, dst.shape[1], n, ph)
+    input_4_5(src.reshape(-1), src.shape[1], 0, n + R - 1, v, ph)
+    _products(sgemm, u, 0, c_out, v, dst.reshape(-1), col, dst.shape[1], n, pbuf, ph)
 
 
 _IN1, _IN2, _IN3 = (kernels.array_type(n, readonly=True) for n in (1, 2, 3))
@@ -254,7 +280,6 @@ def _gated_res_skip(
     rs_b: Any,
     rows: Any,
     x: Any,
-    start: Any,
     x_in: Any,
     col: Any,
     n: Any,
@@ -264,16 +289,12 @@ def _gated_res_skip(
     phases: Any,
 ) -> None:  # pragma: no cover - compiled
     """A WaveNet layer up to its res/skip conv over ``n`` columns: ``x_in[:, col : col + n]`` =
-    the in-layer's bias plus its conv of ``x`` from column ``start`` (``F(4, 5)``), gated
-    (``tanh`` of the first ``C`` rows times ``sigmoid`` of the others, into the first), then
-    ``rs[:rows, col : col + n]`` = the res/skip 1x1 conv of the gated rows."""
+    the in-layer's bias plus its conv of ``x`` (``F(4, 5)``), gated (``tanh`` of the first
+    ``C`` rows times ``sigmoid`` of the others, into the first), then ``rs[:rows, col : col +
+    n]`` = the res/skip 1x1 conv of the gated rows."""
     c = rs_w.shape[1]
-    for r in range(2 * c):
-        value = in_b[r]
-        row = x_in[r, col : col + n]
-        for q in range(n):
-            row[q] = value
-    _winograd(sgemm, u, x, n + R - 1, x_in, col, n, vbuf, pbuf, phases, start)
+    _fill_rows(x_in, in_b, 2 * c, col, n)
+    _winograd(sgemm, u, x, x_in, col, n, vbuf, pbuf, phases)
     flat = x_in.reshape(-1)
     ld = x_in.shape[1]
     kernels.gate_rows(flat[col:], ld, flat[c * ld + col :], ld, c, n)
@@ -281,15 +302,18 @@ def _gated_res_skip(
 
 
 @kernels.compiled
-def _coupling_out(z: Any, m: Any, out: Any, a: Any, b: Any, flip: Any) -> None:  # pragma: no cover
-    """A coupling's output over columns ``[a, b)``: ``out[:half] = z[:half]``, ``out[half:] =
-    z[half:] - m`` (``m [half, >= b - a]``), its rows reversed when ``flip``."""
-    half = m.shape[0]
-    for r in range(half):
+def _coupling_out(
+    z: Any, m: Any, out: Any, h0: Any, h1: Any, a: Any, b: Any, flip: Any
+) -> None:  # pragma: no cover - compiled
+    """A coupling's output on channels ``[h0, h1)`` of each half over columns ``[a, b)``:
+    ``out[r] = z[r]``, ``out[half + r] = z[half + r] - m[r - h0, : b - a]``, the rows
+    reversed when ``flip``."""
+    half = z.shape[0] // 2
+    for r in range(h0, h1):
         lo = 2 * half - 1 - r if flip else r
         hi = half - 1 - r if flip else half + r
         out[lo, a:b] = z[r, a:b]
-        zr, mr, orow = z[half + r, a:b], m[r, : b - a], out[hi, a:b]
+        zr, mr, orow = z[half + r, a:b], m[r - h0, : b - a], out[hi, a:b]
         for q in range(b - a):
             orow[q] = zr[q] - mr[q]
 
@@ -345,7 +369,7 @@ def _tiles(
             zero_outside(x, w, e0, t, gaps)
             rows = 2 * c if j < layers - 1 else c
             _gated_res_skip(
-                sgemm, in_u[j], in_b[j], rs_w[j], rs_b[j], rows, x, 0, x_in, pad, w - 2 * pad,
+                sgemm, in_u[j], in_b[j], rs_w[j], rs_b[j], rows, x, x_in, pad, w - 2 * pad,
                 rs, vbuf, pbuf, phases,
             )  # fmt: skip
             for r in range(c):
@@ -355,7 +379,7 @@ def _tiles(
                 else:
                     accumulate_row(rs[r, pad : w - pad], skip[r, pad : w - pad])
         _pointwise(sgemm, post_w, post_b, half, skip, halo, m, 0, n)
-        _coupling_out(z, m, out, t0, t0 + n, False)
+        _coupling_out(z, m, out, 0, half, t0, t0 + n, False)
         done += 1
 
 
@@ -449,24 +473,12 @@ def _in_layer_rows(
     (``h`` 0 and 1) of ``x_in`` = the bias plus the ``F(4, 5)`` products of the input
     transform ``v`` with those rows of ``u`` (one SGEMM a point and half), then
     ``x_in[r0:r1] = tanh(x_in[r0:r1]) * sigmoid(x_in[C + r0 : C + r1])``."""
-    c_in, c = u.shape[2], u.shape[1] // 2
-    blocks, count, ld = v.shape[2], r1 - r0, x_in.shape[1]
+    c, count, ld = u.shape[1] // 2, r1 - r0, x_in.shape[1]
     flat = x_in.reshape(-1)
-    products = pbuf[: POINTS * count * blocks].reshape((POINTS, count, blocks))
     for h in range(2):
         first = h * c + r0
-        for r in range(first, first + count):
-            value = in_b[r]
-            row = x_in[r, :n]
-            for q in range(n):
-                row[q] = value
-        products[...] = 0
-        for i in range(POINTS):
-            _sgemm(
-                sgemm, count, blocks, c_in, _address(u[i]) + 4 * first * c_in, c_in,
-                _address(v[i]), blocks, _address(products[i]), blocks,
-            )  # fmt: skip
-        output_4_5(products, flat[first * ld :], ld, n, scratch)
+        _fill_rows(x_in[first:], in_b[first:], count, 0, n)
+        _products(sgemm, u, first, count, v, flat, first * ld, ld, n, pbuf, scratch)
     kernels.gate_rows(flat[r0 * ld :], ld, flat[(c + r0) * ld :], ld, count, n)
 
 
@@ -504,22 +516,6 @@ def _res_skip_rows(
             dst[q] = src[q] + res[q]
         accumulate_row(rs[count + r, :t], skip[r0 + r])
     zero_outside(x_next[r0:r1, pad:], t, 0, t, gaps)
-
-
-@kernels.compiled
-def _coupling_out_rows(
-    z: Any, m: Any, out: Any, h0: Any, h1: Any, flip: Any
-) -> None:  # pragma: no cover
-    """A coupling's output on channels ``[h0, h1)`` of each half: ``out[r] = z[r]``,
-    ``out[half + r] = z[half + r] - m[r - h0]``, the rows reversed when ``flip``."""
-    half, t = z.shape[0] // 2, z.shape[1]
-    for r in range(h0, h1):
-        lo = 2 * half - 1 - r if flip else r
-        hi = half - 1 - r if flip else half + r
-        out[lo] = z[r]
-        zr, mr, orow = z[half + r], m[r - h0], out[hi]
-        for q in range(t):
-            orow[q] = zr[q] - mr[q]
 
 
 _FLOW = types.void(
@@ -590,7 +586,7 @@ def _flow_steps(
                     skip[r0:r1] = 0
                 elif s == steps - 1:  # the post conv and the output
                     _pointwise(sgemm, post_w[k, r0:r1], post_b[k, r0:r1], r1 - r0, skip, 0, m, 0, t)
-                    _coupling_out_rows(z, m, out, r0, r1, flip)
+                    _coupling_out(z, m, out, r0, r1, 0, t, flip)
                 elif gate:
                     if not transformed:
                         x = streams[layer % 2]
