@@ -141,6 +141,7 @@ def encode_host(
     qkv = np.empty((3 * c, t), np.float32)
     heads = np.empty((c, t), np.float32)
     inner = np.empty((h.filter, t), np.float32)
+    sums = np.empty((column_norm.SUMS, t), np.float32)  # every norm's scratch
     for i in range(h.n_layers):
         p = f"enc_p.encoder.attn_layers.{i}"
         host.conv_same(x, prep[f"{p}.conv_qkv"], qkv, lanes=lanes)
@@ -149,26 +150,31 @@ def encode_host(
         for head in range(h.n_heads):
             _attend(qkv, head, h.n_heads, rel_k, rel_v, heads)
         norm = f"enc_p.encoder.norm_layers_1.{i}"
-        x = _add_and_norm(prep[f"{p}.conv_o"], heads, x, w, norm, lanes)
+        x = _add_and_norm(prep[f"{p}.conv_o"], heads, x, w, norm, lanes, sums)
         f = f"enc_p.encoder.ffn_layers.{i}"
         host.conv_same(x, prep[f"{f}.conv_1"], inner, post_slope=0.0, lanes=lanes)  # ReLU
         norm = f"enc_p.encoder.norm_layers_2.{i}"
-        x = _add_and_norm(prep[f"{f}.conv_2"], inner, x, w, norm, lanes)
+        x = _add_and_norm(prep[f"{f}.conv_2"], inner, x, w, norm, lanes, sums)
     stats = np.empty((2 * h.inter, t), np.float32)
     host.conv_same(x, prep["enc_p.proj"], stats, lanes=lanes)
     return x[None], stats[None, : h.inter], stats[None, h.inter :]
 
 
 def _add_and_norm(
-    cw: host.ConvWeights, src: np.ndarray, x: np.ndarray, w: Weights, norm: str, lanes: int
+    cw: host.ConvWeights,
+    src: np.ndarray,
+    x: np.ndarray,
+    w: Weights,
+    norm: str,
+    lanes: int,
+    sums: np.ndarray,
 ) -> np.ndarray:
     """``channel_norm(x + conv(src))`` as a new C-contiguous [C, T] array (the conv's GEMMs on
     up to ``lanes`` cores; the norm over columns, :func:`column_norm.channel_norm`: the numpy
-    backend's row kernel's bits without its transposed copies)."""
+    backend's row kernel's bits without its transposed copies; ``sums`` its scratch)."""
     y = x.copy()
     host.conv_same(src, cw, y, add_to=True, lanes=lanes)
     out = np.empty_like(y)
-    sums = np.empty((column_norm.SUMS, y.shape[1]), np.float32)
     gamma, beta = (np.asarray(w[f"{norm}.{n}"], np.float32) for n in ("gamma", "beta"))
     column_norm.channel_norm(y, gamma, beta, np.float32(1e-5), out, sums)
     return out
